@@ -1,0 +1,28 @@
+# Quick start (README): `make conformance` and `make test`. Each sets up .venv on first use
+# (CPU torch pinned in requirements/cpu.txt, editable install with the native extension).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
+
+.PHONY: setup conformance test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.requirements: requirements/cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/cpu.txt
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.requirements $(NATIVE)
+	$(PY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+conformance: setup
+	$(VENV)/bin/glm5-hal conformance
+
+test: setup
+	$(PY) -m pytest -n auto
+
+clean:
+	rm -rf build $(VENV)

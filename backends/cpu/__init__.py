@@ -1,0 +1,41 @@
+"""The native CPU backend: C++17 + OpenMP kernels from csrc/, bound as glm5_hal._C.
+
+Registered through the `glm5_hal.backends` entry point like any third-party plugin.
+"""
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from glm5_hal import Availability, Backend, Capabilities, hookimpl
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    device_type = "cpu"
+    priority = 10
+
+    def probe(self) -> Availability:
+        try:
+            from glm5_hal import _C  # noqa: F401
+        except ImportError as exc:
+            return Availability(False, f"native extension glm5_hal._C not importable: {exc}")
+        return Availability(True, f"native kernels ({platform.machine()}, "
+                                  f"OpenMP {'on' if _C.has_openmp else 'off'})")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(dist_backend="gloo", device_name=platform.processor() or platform.machine())
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__, "python": platform.python_version()}
+
+
+cpu = CpuBackend()
+
+from . import ops  # noqa: E402,F401  (declares the kernels on `cpu`)
+
+
+@hookimpl
+def glm5_hal_register_backends(register):
+    register(cpu)

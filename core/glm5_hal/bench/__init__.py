@@ -1,0 +1,1 @@
+"""Benchmarks (`glm5-hal bench`). Benchmarks measure; tests never assert on timings."""

@@ -1,0 +1,31 @@
+"""Timing primitives shared by every benchmark: warm-up, repeated batches, medians."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def median_time(fn: Callable[[], object], *, min_time: float = 0.2, repeats: int = 7,
+                warmup: int = 3, sync: Callable[[], None] | None = None) -> float:
+    """Median seconds per call of `fn` over `repeats` batches, each batch sized to last
+    about `min_time / repeats` seconds (so microsecond calls are not lost in timer noise)."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    t0 = time.perf_counter()
+    fn()
+    if sync:
+        sync()
+    single = max(time.perf_counter() - t0, 1e-7)
+    per_batch = max(1, int(min_time / repeats / single))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(per_batch):
+            fn()
+        if sync:
+            sync()
+        samples.append((time.perf_counter() - t0) / per_batch)
+    return statistics.median(samples)
