@@ -8,6 +8,8 @@ from .. import checks as C
 from .. import reference as ref
 from ..registry import OpDef, define
 
+__all__ = ["rms_norm"]
+
 
 def _check_rms_norm(x, weight, eps):
     op = "rms_norm"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["rms_norm"]
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64, everything else is computed in float32."""

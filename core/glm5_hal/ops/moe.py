@@ -1,0 +1,4 @@
+"""Public moe ops (see OPS.md)."""
+from __future__ import annotations
+
+__all__: list[str] = []

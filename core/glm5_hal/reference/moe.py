@@ -1,0 +1,4 @@
+"""Reference implementations: moe ops (see OPS.md)."""
+from __future__ import annotations
+
+__all__: list[str] = []
