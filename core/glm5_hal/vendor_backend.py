@@ -1,0 +1,95 @@
+"""The base class of the vendor backends (backends/<vendor>/): a Backend whose kernels are
+reached through the vendor's PyTorch bridge -- or through an emulator of it.
+
+The runtime is injected: `AscendBackend(runtime=torch_npu)` on real hardware, or
+`AscendBackend(runtime=NpuEmulator(), ...)` in tests, so the very same adapter code runs
+against both. With no runtime given, the bridge is imported lazily by `probe()`, guarded so
+that a bridge without its vendor runtime (torch_npu without CANN) yields a specific
+"unavailable" reason instead of an exception.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+from .backend import Availability, Backend
+from .vendors import VENDORS, Vendor, installed
+
+_MISSING_LIBRARY = re.compile(r"(lib[\w.+-]*\.so[\w.]*)")
+
+
+class VendorBackend(Backend):
+    """Subclasses set `vendor_name` (a key of glm5_hal.vendors.VENDORS) and implement
+    `probe_runtime(runtime)`: device count, chip identity, version checks."""
+    vendor_name: str = ""
+
+    def __init__(self, runtime: Any = None, *, name: str | None = None,
+                 device_type: str | None = None, priority: int | None = None) -> None:
+        super().__init__()
+        self.vendor: Vendor = VENDORS[self.vendor_name]
+        self.name = name or self.vendor.backend
+        self.device_type = device_type or self.vendor.device_type
+        if priority is not None:
+            self.priority = priority
+        self.emulated = runtime is not None and bool(getattr(runtime, "EMULATOR", False))
+        self._runtime = runtime
+
+    @property
+    def runtime(self) -> Any:
+        """The bridge module (or emulator); only valid after a successful probe."""
+        return self._runtime
+
+    # -- probing ---------------------------------------------------------------------------
+    def probe(self) -> Availability:
+        if self._runtime is None:
+            runtime, reason = self.load_runtime()
+            if runtime is None:
+                return Availability(False, reason)
+            self._runtime = runtime
+        result = self.probe_runtime(self._runtime)
+        if result.available and self.emulated:
+            return Availability(True, f"EMULATED ({type(self._runtime).__name__}): {result.reason}")
+        return result
+
+    def load_runtime(self) -> tuple[Any, str]:
+        """Import the vendor bridge; (module, "") or (None, specific reason). Never raises."""
+        return import_bridge(self.vendor)
+
+    def probe_runtime(self, runtime: Any) -> Availability:
+        raise TypeError(f"{type(self).__name__} must implement probe_runtime(runtime)")
+
+    def versions(self) -> dict[str, str]:
+        runtime = self._runtime
+        if runtime is None:
+            return {}
+        if self.emulated:
+            return {"runtime": f"emulator {type(runtime).__name__}"}
+        version = getattr(runtime, "__version__", None)
+        return {self.vendor.bridge or "runtime": str(version)} if version else {}
+
+
+def import_bridge(vendor: Vendor) -> tuple[Any, str]:
+    """Import `vendor.bridge` without letting any failure escape. The reason distinguishes:
+    bridge not installed / runtime library missing (which one) / import failed otherwise."""
+    module = vendor.bridge
+    if module is None:
+        raise TypeError(f"vendor {vendor.backend} has no bridge module; override load_runtime()")
+    if not installed(module):
+        return None, f"bridge {module} not installed"
+    try:
+        return importlib.import_module(module), ""
+    except BaseException as exc:  # bridges run native initialisers; contain everything
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return None, describe_import_failure(vendor, exc)
+
+
+def describe_import_failure(vendor: Vendor, exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    lib = _MISSING_LIBRARY.search(str(exc))
+    if isinstance(exc, (ImportError, OSError)) and lib and "cannot open shared object" in str(exc):
+        roots = "/".join(vendor.toolchain_env)
+        return (f"runtime library missing: {lib.group(1)} ({vendor.bridge} is installed, but the "
+                f"vendor runtime is not on the library path; is the SDK installed and {roots} set?)")
+    return f"importing {vendor.bridge} failed: {text}"
