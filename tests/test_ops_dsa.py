@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import glm5_hal as hal
+from conftest import REPO
 from glm5_hal.registry import FallbackWarning
 
 # The CPU backend may not implement these ops: the reference answers, which is what we test.
@@ -810,3 +811,14 @@ def test_property_indexer_topk_is_a_top_k_of_the_logits(tokens, num_keys, heads,
                                rtol=1e-5, atol=1e-5)
     selected = hal.ops.indexer_topk(q, k, weights, k_start, k_end, topk)
     check_topk_rows(selected, logits, (k_end - k_start).tolist(), topk)
+
+
+# == documentation =============================================================================
+def _doc_examples():
+    text = (REPO / "docs" / "ops" / "dsa.md").read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+@pytest.mark.parametrize("source", _doc_examples(), ids=lambda s: s.split("hal.ops.", 1)[1].split("(", 1)[0])
+def test_doc_example_runs(source):
+    exec(compile(source, "docs/ops/dsa.md", "exec"), {})
