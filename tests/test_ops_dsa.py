@@ -158,6 +158,23 @@ def test_sparse_attention_matches_naive_loop(dtype):
         assert torch.all(lse[empty_row] == NEG_INF)
 
 
+def test_reference_computes_in_float64_for_float64_inputs():
+    # the conformance suite judges backends with the reference on float64-upcast inputs
+    g = gen(21)
+    q, kv = torch.randn(3, 2, 9, generator=g, dtype=torch.float64), torch.randn(5, 9, generator=g, dtype=torch.float64)
+    indices = i32([[0, 4, 4], [-1, 2, 7], [-1, -1, -1]])
+    out, lse = hal.reference.sparse_mla_attention(q, kv, indices, 0.3, 6)
+    assert out.dtype == lse.dtype == torch.float64
+    want_out, want_lse = naive_sparse_attention(q, kv, indices, 0.3, 6)
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+    qi, k, w = (t.double() for t in indexer_inputs(3, 2, 5, 4, g, distinct=False))
+    k_start, k_end = i32([0, 1, 4]), i32([4, 3, 4])
+    logits = hal.reference.indexer_logits(qi, k, w, k_start, k_end)
+    assert logits.dtype == torch.float64
+    torch.testing.assert_close(logits, naive_indexer_logits(qi, k, w, k_start, k_end), rtol=1e-12, atol=1e-12)
+
+
 def test_sparse_attention_glm5_dims_lse_is_logsumexp_of_scores():
     g = gen(2)
     tokens, heads, num_keys, topk = 3, 16, 300, 64
