@@ -194,7 +194,7 @@ def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) ->
     if meta.get("ops_without_cases"):
         lines += ["", "Ops without conformance cases yet: " +
                   ", ".join(f"`{o}`" for o in meta["ops_without_cases"])]
-    problems = [r for r in records if r.status in (FAIL, ERROR, FALLBACK)]
+    problems = [r for s in (FAIL, ERROR, FALLBACK, SKIP) for r in records if r.status == s]
     if problems:
         lines += ["", "### Not passing", "", "| backend | case | status | reason |", "|---|---|---|---|"]
         for r in problems[:max_problems]:

@@ -85,7 +85,8 @@ def _judge(record: Record, case: Case, op, cpu_args: tuple, args: tuple, device:
     with hal.use(record.backend):
         explanation = hal.explain(case.op, *args)
         record.impl = explanation.chosen or ""
-        if explanation.error is None and explanation.chosen != own:
+        # chosen is None when the op's own checks reject the inputs: the call raises below
+        if explanation.chosen is not None and explanation.chosen != own:
             record.status = FALLBACK
             record.reason = next((why for who, why in explanation.rejected if who == own),
                                  f"dispatch chose {explanation.chosen}")
