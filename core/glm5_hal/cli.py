@@ -72,6 +72,11 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     print(report.format_matrix(records))
+    if not args.backend:
+        import glm5_hal as hal
+        for r in hal.backends():
+            if not r.available and r.name != "reference":
+                print(f"note: not tested (unavailable): {r.name}: {r.error or r.reason}")
     missing = suite.ops_without_cases()
     if missing and not args.op:
         print(f"note: ops without conformance cases yet: {', '.join(missing)}")

@@ -186,7 +186,7 @@ def exact(got: torch.Tensor, want: torch.Tensor) -> Verdict:
         if not got.is_floating_point() and got.dtype != torch.bool:
             max_abs = float((got.to(torch.int64) - want.to(torch.int64)).abs().max())
     if bool(equal.all()):
-        return Verdict(True, max_abs=max_abs if max_abs is not None else None)
+        return Verdict(True, max_abs=max_abs)
     first = int((~equal).flatten().nonzero()[0])
     worst = _element(got, want, first)
     return Verdict(False, f"{int((~equal).sum())} of {got.numel()} elements differ (bit-exact "
