@@ -200,6 +200,14 @@ def test_quarantined_plugin_yields_errors_and_unknown_names_are_refused(hal_stat
         suite.resolve_presets(["long"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+def test_cuda_reference_is_refused_without_cuda():
+    with pytest.raises(hal.HalError, match="--ref cuda needs a CUDA device"):
+        runner.check_reference_mode("cuda")
+    with pytest.raises(hal.HalError, match="reference mode must be one of"):
+        runner.run_all([], "gpu")
+
+
 # -- cases and the expected-error outcome --------------------------------------------------
 def test_case_ids_are_stable_and_inputs_deterministic():
     from glm5_hal.conformance.cases import cases
