@@ -553,6 +553,7 @@ used = hal.dist.init_process_group(device="npu", store=dist.HashStore(), world_s
 out = hal.dist.all_reduce(torch.ones(3))
 print(json.dumps({"used": used, "loaded_before": loaded_before, "loaded": "torch_npu" in sys.modules,
                   "backend": str(dist.get_backend()), "sum": out.tolist()}))
+hal.dist.destroy_process_group()
 '''
 
 
@@ -573,7 +574,7 @@ def test_collectives_benchmark_runs_and_checks_every_result(tmp_path):
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_HAL_")}
     proc = subprocess.run([sys.executable, "-m", "glm5_hal.cli", "bench", "--collectives",
-                           "--world-size", "2", "--sizes", "4K,64K", "--iters", "2",
+                           "--world-size", "2", "--sizes", "4K,64K",
                            "--json", str(out)], capture_output=True, text=True, env=env, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())["collectives"]
