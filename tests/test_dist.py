@@ -568,6 +568,33 @@ def test_a_vendor_bridge_is_imported_and_its_backend_used(tmp_path):
                       "sum": [1.0, 1.0, 1.0]}
 
 
+def test_docs_vendor_table_matches_vendors_py():
+    """docs/distributed.md's backend table says what glm5_hal/vendors.py says."""
+    import re
+    from glm5_hal.vendors import VENDORS
+    text = (Path(__file__).resolve().parents[1] / "docs" / "distributed.md").read_text()
+    cells = {}
+    for line in text.splitlines():
+        m = re.match(r"\| `(\w+)` \|", line)
+        if m:
+            cells[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")]
+    assert set(cells) == set(VENDORS) | {"cpu"}
+
+    def first_code(cell):
+        m = re.search(r"`([^`]+)`", cell)
+        return m.group(1) if m else None
+
+    for name, v in VENDORS.items():
+        _, chips, device_type, dist_backend, bridge, visible = cells[name]
+        assert chips == v.chips
+        assert (first_code(device_type), first_code(dist_backend), first_code(visible)) == (
+            v.device_type, v.dist_backend, v.visible_devices)
+        assert first_code(bridge) == v.bridge
+        for field, cell in (("device_type", device_type), ("dist_backend", dist_backend),
+                            ("visible_devices", visible)):
+            assert ("unconfirmed" in cell) == (field in v.unconfirmed), (name, field, cell)
+
+
 # -- the benchmark -----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_collectives_benchmark_runs_and_checks_every_result(tmp_path):
