@@ -44,6 +44,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.collectives:
+        from .bench import collectives
+        sizes = collectives.parse_sizes(args.sizes) if args.sizes else collectives.DEFAULT_SIZES
+        report = collectives.launch(world_size=args.world_size, sizes=sizes)
+        print(collectives.format_report(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"collectives": report}, f, indent=2)
+        return 0 if collectives.total_wrong(report) == 0 else 1
     from .bench import dispatch
     rows = dispatch.measure()
     print("dispatch overhead (glm5_hal.ops.<op> minus a direct call of the chosen implementation)")
@@ -110,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (ratios against the reference; not tests)")
     p.add_argument("--json", metavar="F", help="also write the results as JSON to F")
+    p.add_argument("--collectives", action="store_true",
+                   help="collective bandwidth through glm5_hal.dist (nccl-tests' algbw/busbw) "
+                        "on --world-size spawned local ranks")
+    p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks for --collectives")
+    p.add_argument("--sizes", metavar="LIST", help="message sizes for --collectives, e.g. 4K,1M,64M")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("conformance", help="judge backends against the reference (docs/conformance.md)")
