@@ -290,6 +290,32 @@ def check_moe(rank: int, world: int) -> int:
     return n + 1
 
 
+def check_moe_equals_the_single_process_hal_path(rank: int, world: int) -> int:
+    """route -> dispatch -> experts on received rows -> combine equals the single-process
+    moe_route -> moe_permute -> grouped_gemm -> moe_unpermute, op for op through glm5_hal.ops."""
+    import glm5_hal as hal
+    num_experts, top_k, hidden, inter = 4 * world, 3, 16, 8
+    w = torch.randn(num_experts, inter, hidden, generator=_gen("moe-hal-w", world))
+    bias = torch.randn(num_experts, generator=_gen("moe-hal-bias", world)) * 0.1
+    owned = D.owned_experts(num_experts)
+    n = 0
+    for tokens in ((9, 0, 4, 13)[rank % 4], 2):
+        g = _gen("moe-hal", world, rank, tokens)
+        x = torch.randn(tokens, hidden, generator=g)
+        logits = torch.randn(tokens, num_experts, generator=g)
+        weights, ids = hal.ops.moe_route(logits, bias, top_k, 1, 1, 2.5, True, "sigmoid")
+        if tokens:
+            ids[0, 1] = -1  # a dropped slot (e.g. capacity) must be dropped consistently
+        x_perm, tpe, src = hal.ops.moe_permute(x, ids, num_experts)
+        single = hal.ops.moe_unpermute(hal.ops.grouped_gemm(x_perm, w, tpe), src, weights)
+        recv_x, local_ids, _, counts, handle = D.moe_dispatch(x, ids, weights, num_experts)
+        y = hal.ops.grouped_gemm(recv_x, w[owned.start:owned.stop].contiguous(), counts)
+        out = D.moe_combine(y, handle)
+        assert out.shape == single.shape and torch.allclose(out, single, rtol=1e-5, atol=1e-5), (out, single)
+        n += 1
+    return n
+
+
 def check_subgroup(rank: int, world: int) -> int:
     """Collectives and MoE dispatch on the group of global ranks 1..world-1: arguments and
     results use group ranks (global rank g is group rank g-1)."""
@@ -322,7 +348,8 @@ def collectives_world(rank: int, world: int, port: int, init_method: str | None 
     backend = init_world(rank, world, port, init_method=init_method)
     counts = {"backend": backend}
     for check in (check_all_reduce, check_all_gather, check_reduce_scatter, check_all_to_all,
-                  check_broadcast, check_mismatches, check_moe, check_subgroup):
+                  check_broadcast, check_mismatches, check_moe,
+                  check_moe_equals_the_single_process_hal_path, check_subgroup):
         counts[check.__name__] = check(rank, world)
     D.destroy_process_group()
     return counts
