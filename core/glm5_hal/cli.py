@@ -105,6 +105,16 @@ def _workers(text: str) -> str:
     return text
 
 
+def _cmd_new_backend(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .scaffold import scaffold
+    root = scaffold(args.name, Path(args.dest), args.device_type, args.dist_backend)
+    print(f"wrote {root}\nnext: pip install -e {root}[test] && pytest {root} && "
+          f"glm5-hal conformance --backend {args.name}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glm5-hal", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks for --collectives")
     p.add_argument("--sizes", metavar="LIST", help="message sizes for --collectives, e.g. 4K,1M,64M")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("new-backend", help="scaffold an out-of-tree backend plugin package")
+    p.add_argument("name", help="backend name, a lower-case identifier (also the entry-point name)")
+    p.add_argument("--device-type", default="cpu", help="torch device type its kernels take (default: cpu)")
+    p.add_argument("--dist-backend", default=None, help="torch.distributed backend of that device")
+    p.add_argument("--dest", default=".", help="folder to create the package in (default: .)")
+    p.set_defaults(func=_cmd_new_backend)
 
     p = sub.add_parser("conformance", help="judge backends against the reference (docs/conformance.md)")
     p.add_argument("--backend", action="append", metavar="B",
