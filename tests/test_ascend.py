@@ -4,8 +4,10 @@ compared with glm5_hal.reference; calls outside the vendor constraints must be d
 with a reason (dispatch then moves on) and never reach the vendor op."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -38,6 +40,17 @@ def npu(hal_state):
     hal_state(as_plugin(backend), EMU)
     assert backend.availability().available, backend.availability().reason
     return backend.runtime
+
+
+@contextlib.contextmanager
+def expect_fallback(reason: str):
+    """The block runs the reference with a FallbackWarning naming `reason` (other backends'
+    declines warn too and are swallowed)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    messages = [str(w.message) for w in caught if issubclass(w.category, hal.FallbackWarning)]
+    assert any(f"'{EMU}' declined: " in m and reason in m for m in messages), messages
 
 
 def chosen(op, *args):
@@ -162,7 +175,381 @@ def test_rms_norm_matches_the_reference(npu, shape, dtype):
 def test_rms_norm_with_a_wider_weight_is_declined_for_half_inputs(npu):
     x, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8)
     assert rejection("rms_norm", x, w, 1e-6).startswith("npu_rms_norm takes gamma in x's dtype")
+    assert chosen("rms_norm", x, w, 1e-6) == "cpu.rms_norm"
     hal.ops.rms_norm(x, w, 1e-6)
     assert npu.calls["npu_rms_norm"] == 0
     x32 = torch.randn(2, 8)
     assert chosen("rms_norm", x32, w.to(torch.bfloat16), 1e-6) == f"{EMU}.rms_norm"
+
+
+# -- helpers for the adapter tests ---------------------------------------------------------------------
+@pytest.fixture
+def npu950(hal_state):
+    backend = emulated("950")
+    hal_state(as_plugin(backend), EMU)
+    assert backend.availability().available, backend.availability().reason
+    return backend.runtime
+
+
+def randn(*shape, g, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def assert_topk_selects_the_best(out, logits, topk, counts, tau_rel=1e-2):
+    """The conformance rule for top-k outputs: per row, distinct in-range entries,
+    left-packed, -1 after, min(topk, count) valid, each within tau of the k-th best score."""
+    assert out.dtype == torch.int32 and out.shape[-1] == topk
+    out, logits, counts = out.reshape(-1, topk), logits.reshape(-1, logits.shape[-1]), counts.reshape(-1)
+    for row, scores, count in zip(out, logits, counts.tolist()):
+        n = min(topk, count)
+        assert bool((row[:n] >= 0).all()) and bool((row[n:] == -1).all()), (row, n)
+        chosen_keys = row[:n].long()
+        assert chosen_keys.unique().numel() == n
+        if n == 0:
+            continue
+        assert bool(torch.isfinite(scores[chosen_keys]).all()), "selected a key outside the row's range"
+        kth = scores.topk(n).values[-1]
+        tau = tau_rel * scores[torch.isfinite(scores)].abs().max()
+        assert bool((scores[chosen_keys] >= kth - tau).all())
+
+
+def fp16_weights(*shape, g):
+    """float32 weights exactly representable in float16 (the indexer takes weights in q's dtype)."""
+    return torch.randn(*shape, generator=g).to(torch.float16).float()
+
+
+# -- indexer_topk ----------------------------------------------------------------------------------
+def packed_causal_ranges(lengths, context=()):
+    """k_start/k_end of a packed prefill: sequence b (after `context[b]` cached tokens) at
+    offset o_b, token p sees [o_b, o_b + context + p + 1)."""
+    starts, ends, offset = [], [], 0
+    for b, n in enumerate(lengths):
+        ctx = context[b] if context else 0
+        starts += [offset] * n
+        ends += [offset + ctx + p + 1 for p in range(n)]
+        offset += ctx + n
+    return torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32), offset
+
+
+INDEXER_CASES = {
+    "packed_prefill": lambda T: packed_causal_ranges([5, 7]),
+    "chunked_prefill_with_context": lambda T: packed_causal_ranges([4, 3], context=[6, 9]),
+    "same_range_for_all": lambda T: (torch.full((6,), 2, dtype=torch.int32), torch.full((6,), 11, dtype=torch.int32), 13),
+    "arbitrary_ranges": lambda T: (torch.tensor([0, 3, 3, 1, 7, 0, 9], dtype=torch.int32),
+                                   torch.tensor([4, 9, 5, 1, 12, 12, 10], dtype=torch.int32), 12),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEXER_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_indexer_topk_matches_the_reference(npu, case, dtype):
+    g = seeded(2)
+    k_start, k_end, num_keys = INDEXER_CASES[case](None)
+    tokens, heads, topk = k_start.shape[0], 8, 4
+    q, k = randn(tokens, heads, 128, g=g, dtype=dtype), randn(num_keys, 128, g=g, dtype=dtype)
+    w = fp16_weights(tokens, heads, g=g)
+    args = (q, k, w, k_start, k_end, topk)
+    assert chosen("indexer_topk", *args) == f"{EMU}.indexer_topk"
+    out = hal.ops.indexer_topk(*args)
+    logits = hal.reference.indexer_logits(q.double(), k.double(), w.double(), k_start, k_end)
+    assert_topk_selects_the_best(out, logits, topk, k_end - k_start)
+    assert npu.calls["npu_lightning_indexer"] >= 1
+
+
+def test_indexer_topk_glm5_shapes_and_a_topk_beyond_2048(npu):
+    g = seeded(3)
+    k_start, k_end, num_keys = packed_causal_ranges([3, 2], context=[2600, 40])
+    q, k = randn(5, 32, 128, g=g), randn(num_keys, 128, g=g)
+    w = fp16_weights(5, 32, g=g) * 32 ** -0.5 * 128 ** -0.5
+    for topk in (2048, 3000):  # 3000 runs as sparse_count 3072, truncated
+        out = hal.ops.indexer_topk(q, k, w, k_start, k_end, topk)
+        logits = hal.reference.indexer_logits(q.double(), k.double(), w.double(), k_start, k_end)
+        assert_topk_selects_the_best(out, logits, topk, k_end - k_start)
+    assert npu.calls["npu_lightning_indexer"] == 2
+
+
+def test_indexer_topk_declines_what_the_vendor_op_cannot_run(npu):
+    g = seeded(4)
+    ks, ke = torch.zeros(3, dtype=torch.int32), torch.full((3,), 5, dtype=torch.int32)
+    k = randn(5, 128, g=g)
+
+    def why(q, key, topk=4, weights=None):
+        return rejection("indexer_topk", q, key, torch.zeros(q.shape[:2]) if weights is None else weights, ks, ke, topk)
+
+    assert why(randn(3, 65, 128, g=g), k) == ("npu_lightning_indexer runs exactly 64 query heads (N1); "
+                                              "65 heads do not fit")
+    assert why(randn(3, 4, 64, g=g), randn(5, 64, g=g)) == "npu_lightning_indexer needs head dim D = 128, got 64"
+    assert why(randn(3, 4, 128, g=g), k, topk=9000).startswith("npu_lightning_indexer returns at most 8192")
+    fp8 = (k.float().to(torch.float8_e4m3fn), torch.ones(5))
+    assert why(randn(3, 4, 128, g=g), fp8).startswith("npu_lightning_indexer takes bf16/fp16 keys; FP8 key pairs")
+    assert why(randn(3, 4, 128, g=g, dtype=torch.float32), k.float()) == (
+        "implements indexer_topk for {bfloat16, float16}, not float32")
+    with expect_fallback("65 heads do not fit"):
+        hal.ops.indexer_topk(randn(3, 65, 128, g=g), k, torch.zeros(3, 65), ks, ke, 4)
+    assert npu.calls["npu_lightning_indexer"] == 0
+
+
+def test_indexer_topk_with_no_tokens(npu):
+    g = seeded(5)
+    out = hal.ops.indexer_topk(randn(0, 4, 128, g=g), randn(3, 128, g=g), torch.zeros(0, 4),
+                               torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 2)
+    assert out.shape == (0, 2) and out.dtype == torch.int32
+
+
+# -- indexer_topk_paged ----------------------------------------------------------------------------
+def paged_layout(context_lens, block_size, num_blocks, g, pad=1):
+    """A block table handing out shuffled distinct blocks, -1 after each sequence's blocks."""
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    rows = []
+    width = max(-(-n // block_size) for n in context_lens) + pad
+    for n in context_lens:
+        used = -(-n // block_size)
+        rows.append([free.pop() for _ in range(used)] + [-1] * (width - used))
+    return torch.tensor(rows, dtype=torch.int32), torch.tensor(context_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("queries,heads,block_size,topk", [(1, 32, 16, 8), (2, 64, 32, 5), (3, 7, 16, 2048)])
+def test_indexer_topk_paged_matches_the_reference(npu, queries, heads, block_size, topk):
+    g = seeded(6)
+    block_table, context_lens = paged_layout([0, 20, 37, 2], block_size, 12, g)
+    batch = context_lens.shape[0]
+    q = randn(batch, queries, heads, 128, g=g)
+    k_cache = randn(12, block_size, 128, g=g)
+    w = fp16_weights(batch, queries, heads, g=g)
+    args = (q, k_cache, w, block_table, context_lens, topk)
+    assert chosen("indexer_topk_paged", *args) == f"{EMU}.indexer_topk_paged"
+    out = hal.ops.indexer_topk_paged(*args)
+    assert out.shape == (batch, queries, topk)
+    # the reference's logits over logical positions, -inf outside each query's causal range
+    length = int(context_lens.max())
+    rows = torch.stack([k_cache.reshape(-1, 128)[[int(block_table[b, p // block_size]) * block_size + p % block_size
+                                                  if p < int(context_lens[b]) else 0 for p in range(length)]]
+                        for b in range(batch)])
+    visible = (context_lens.view(-1, 1) - queries + torch.arange(queries) + 1).clamp(min=0)
+    logits = torch.einsum("bnhd,bsd->bnhs", q.double(), rows.double()).relu()
+    logits = (logits * w.double().unsqueeze(-1)).sum(2)
+    logits = logits.masked_fill(torch.arange(length) >= visible.unsqueeze(-1), float("-inf"))
+    assert_topk_selects_the_best(out, logits, topk, visible)
+    reference = hal.reference.indexer_topk_paged(q, k_cache, w, block_table, context_lens, topk)
+    assert torch.equal((out >= 0).sum(-1), (reference >= 0).sum(-1))
+
+
+def test_indexer_topk_paged_declines_unsupported_block_sizes(npu):
+    g = seeded(7)
+    for block_size in (8, 2048):
+        block_table, context_lens = paged_layout([5], block_size, 2, g)
+        args = (randn(1, 1, 4, 128, g=g), randn(2, block_size, 128, g=g), torch.zeros(1, 1, 4), block_table,
+                context_lens, 4)
+        assert rejection("indexer_topk_paged", *args) == (
+            f"npu_lightning_indexer's PA_BSND cache needs block_size a multiple of 16 up to 1024, got {block_size}")
+        with expect_fallback("block_size a multiple of 16"):
+            hal.ops.indexer_topk_paged(*args)
+    assert npu.calls["npu_lightning_indexer"] == 0
+
+
+# -- sparse MLA attention -------------------------------------------------------------------------
+def assert_attention_close(got, want, dtype):
+    out, lse = got
+    ref_out, ref_lse = want
+    tol = {torch.bfloat16: (1.6e-2, 1e-2), torch.float16: (1e-3, 1e-3)}[dtype]
+    torch.testing.assert_close(out, ref_out, rtol=tol[0], atol=tol[1])
+    assert lse.dtype == torch.float32
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("heads,d_v,dtype", [(3, 512, torch.bfloat16), (16, 100, torch.float16),
+                                             (130, 512, torch.bfloat16)])
+def test_sparse_mla_attention_matches_the_reference(npu, heads, d_v, dtype):
+    g = seeded(8)
+    tokens, keys = 4 if heads < 100 else 2, 40
+    q, kv = randn(tokens, heads, 576, g=g, dtype=dtype, scale=0.3), randn(keys, 576, g=g, dtype=dtype, scale=0.3)
+    indices = torch.randint(-3, keys + 5, (tokens, 24), generator=g, dtype=torch.int32)  # -ve and >= S: ignored
+    indices[0, :4] = torch.tensor([7, 7, -1, 7])                    # duplicates count per occurrence
+    indices[-1] = torch.tensor([-1, keys, keys + 3, -2] * 6)         # a row with nothing valid
+    args = (q, kv, indices, 256 ** -0.5, d_v)
+    assert chosen("sparse_mla_attention", *args) == f"{EMU}.sparse_mla_attention"
+    got = hal.ops.sparse_mla_attention(*args)
+    assert got[0].shape == (tokens, heads, d_v) and got[0].dtype == dtype
+    assert_attention_close(got, hal.reference.sparse_mla_attention(*args), dtype)
+    assert bool((got[0][-1] == 0).all()) and bool(torch.isneginf(got[1][-1]).all())
+    assert npu.calls["npu_sparse_flash_attention"] == (2 if heads > 128 else 1)
+
+
+def test_sparse_mla_attention_declines_non_mla_shapes(npu):
+    g = seeded(9)
+    q, kv = randn(2, 4, 64, g=g), randn(8, 64, g=g)
+    idx = torch.zeros(2, 3, dtype=torch.int32)
+    assert rejection("sparse_mla_attention", q, kv, idx, 0.1, 32) == (
+        "npu_sparse_flash_attention runs MLA-absorb mode only: Dqk = 512 + 64, got 64")
+    q, kv = randn(2, 4, 576, g=g), randn(8, 576, g=g)
+    assert rejection("sparse_mla_attention", q, kv, idx, 0.1, 576) == (
+        "npu_sparse_flash_attention returns the 512 latent dims, d_v 576 is larger")
+    with expect_fallback("d_v 576 is larger"):
+        hal.ops.sparse_mla_attention(q, kv, idx, 0.1, 576)
+    assert npu.calls["npu_sparse_flash_attention"] == 0
+
+
+@pytest.mark.parametrize("queries,heads", [(1, 64), (2, 5)])
+def test_sparse_mla_decode_paged_matches_the_reference(npu, queries, heads):
+    g = seeded(10)
+    block_table, context_lens = paged_layout([9, 30, 0], 16, 8, g)
+    batch, topk = 3, 12
+    q = randn(batch, queries, heads, 576, g=g, scale=0.3)
+    kv_cache = randn(8, 16, 576, g=g, scale=0.3)
+    indices = torch.randint(-2, 34, (batch, queries, topk), generator=g, dtype=torch.int32)
+    args = (q, kv_cache, block_table, context_lens, indices, 256 ** -0.5, 512)
+    assert chosen("sparse_mla_decode_paged", *args) == f"{EMU}.sparse_mla_decode_paged"
+    got = hal.ops.sparse_mla_decode_paged(*args)
+    assert got[0].shape == (batch, queries, heads, 512)
+    assert_attention_close(got, hal.reference.sparse_mla_decode_paged(*args), torch.bfloat16)
+    assert bool(torch.isneginf(got[1][2]).all())  # an empty context: nothing valid
+    assert npu.calls["npu_sparse_flash_attention"] == 1
+
+
+# -- MoE -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("experts,top_k,n_group,topk_group,score_func,norm", [
+    (256, 8, 1, 1, "sigmoid", True),        # GLM-5
+    (256, 8, 8, 4, "sigmoid", True),        # DeepSeek-V3 grouping
+    (16, 3, 1, 1, "softmax", True),
+    (16, 3, 4, 2, "softmax", False),
+])
+def test_moe_route_matches_the_reference(npu, experts, top_k, n_group, topk_group, score_func, norm):
+    g = seeded(11)
+    logits, bias = randn(9, experts, g=g), torch.randn(experts, generator=g) * 0.1
+    args = (logits, bias, top_k, n_group, topk_group, 2.5, norm, score_func)
+    assert chosen("moe_route", *args) == f"{EMU}.moe_route"
+    weights, ids = hal.ops.moe_route(*args)
+    ref_weights, ref_ids = hal.reference.moe_route(*args)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    order, ref_order = ids.sort(-1), ref_ids.sort(-1)
+    assert torch.equal(order.values, ref_order.values)
+    torch.testing.assert_close(weights.gather(1, order.indices), ref_weights.gather(1, ref_order.indices))
+    assert npu.calls["npu_moe_gating_top_k"] == 1
+
+
+def test_moe_route_declines_what_the_gate_cannot_express(npu):
+    g = seeded(12)
+    assert rejection("moe_route", randn(2, 16, g=g), None, 2, 1, 1, 1.0, False, "sigmoid").startswith(
+        "npu_moe_gating_top_k always renormalises sigmoid scores")
+    assert rejection("moe_route", randn(2, 4096, g=g), None, 2, 1, 1, 1.0, True, "sigmoid") == (
+        "npu_moe_gating_top_k takes at most 2048 experts, got 4096")
+    assert rejection("moe_route", randn(2, 8, g=g), None, 2, 4, 2, 1.0, True, "sigmoid") == (
+        "npu_moe_gating_top_k needs more than 2 experts per group, got 2")
+    with expect_fallback("always renormalises sigmoid"):
+        hal.ops.moe_route(randn(2, 16, g=g), None, 2, 1, 1, 1.0, False, "sigmoid")
+    assert npu.calls["npu_moe_gating_top_k"] == 0
+
+
+@pytest.mark.parametrize("tokens,k,experts,hidden", [(7, 3, 5, 6), (16, 8, 256, 6144), (0, 2, 4, 3)])
+def test_moe_permute_and_unpermute_match_the_reference(npu, tokens, k, experts, hidden):
+    g = seeded(13)
+    x = randn(tokens, hidden, g=g)
+    ids = torch.randint(-1, experts + 2, (tokens, k), generator=g, dtype=torch.int32)  # -1, >= E dropped
+    assert chosen("moe_permute", x, ids, experts) == f"{EMU}.moe_permute"
+    got = hal.ops.moe_permute(x, ids, experts)
+    want = hal.reference.moe_permute(x, ids, experts)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    weights = torch.rand(tokens, k, generator=g)
+    y = randn(got[0].shape[0], hidden, g=g)
+    assert chosen("moe_unpermute", y, got[2], weights) == f"{EMU}.moe_unpermute"
+    torch.testing.assert_close(hal.ops.moe_unpermute(y, got[2], weights),
+                               hal.reference.moe_unpermute(y, got[2], weights))
+    assert npu.calls["npu_moe_init_routing_v2"] == (1 if tokens else 0)
+
+
+def test_moe_unpermute_adds_repeated_rows(npu):
+    g = seeded(14)
+    y, weights = randn(4, 8, g=g, dtype=torch.float32), torch.rand(2, 2, generator=g)
+    src = torch.tensor([3, 3, 0, 2], dtype=torch.int32)
+    torch.testing.assert_close(hal.ops.moe_unpermute(y, src, weights), hal.reference.moe_unpermute(y, src, weights))
+    assert npu.calls["npu_moe_finalize_routing"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_gemm_matches_the_reference(npu, dtype):
+    g = seeded(15)
+    counts = torch.tensor([3, 0, 5, 1], dtype=torch.int32)
+    x, w = randn(9, 24, g=g, dtype=dtype), randn(4, 10, 24, g=g, dtype=dtype)
+    assert chosen("grouped_gemm", x, w, counts) == f"{EMU}.grouped_gemm"
+    torch.testing.assert_close(hal.ops.grouped_gemm(x, w, counts), hal.reference.grouped_gemm(x, w, counts))
+    assert npu.calls["npu_grouped_matmul"] == 1
+
+
+def test_grouped_gemm_declines_too_many_experts(npu):
+    g = seeded(16)
+    x, w = randn(2, 4, g=g), randn(1025, 3, 4, g=g)
+    counts = torch.zeros(1025, dtype=torch.int32)
+    counts[0] = 2
+    assert rejection("grouped_gemm", x, w, counts) == (
+        "npu_grouped_matmul takes at most 1024 groups with one weight tensor, got 1025")
+
+
+# -- elementwise ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(4, 10), (2, 3, 4096), (6,)])
+def test_silu_and_mul_matches_the_reference(npu, shape):
+    x = randn(*shape, g=seeded(17))
+    assert chosen("silu_and_mul", x) == f"{EMU}.silu_and_mul"
+    torch.testing.assert_close(hal.ops.silu_and_mul(x), hal.reference.silu_and_mul(x))
+    assert npu.calls["npu_swiglu"] == 1
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_apply_rope_matches_the_reference(npu, interleaved, dtype):
+    g = seeded(18)
+    x = randn(7, 5, 64, g=g, dtype=dtype)
+    positions = torch.tensor([0, 1, 2, 17, 100, 4095, 30000], dtype=torch.int64)
+    assert chosen("apply_rope", x, positions, 1e6, interleaved) == f"{EMU}.apply_rope"
+    torch.testing.assert_close(hal.ops.apply_rope(x, positions, 1e6, interleaved),
+                               hal.reference.apply_rope(x, positions, 1e6, interleaved))
+    assert npu.calls["npu_rotary_mul"] == 1
+
+
+def test_apply_rope_declines_too_many_heads(npu):
+    x = torch.zeros(1, 1000, 4)
+    assert rejection("apply_rope", x, torch.zeros(1, dtype=torch.int32), 1e4, True) == (
+        "npu_rotary_mul needs B*N < 1000, got 1000 heads")
+
+
+def test_hadamard_transform_declines_without_the_ascend_c_kernel(npu):
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    assert rejection("hadamard_transform", x, 128 ** -0.5).startswith(
+        "Ascend C kernel not built (libglm5_hal_ascend_kernels.so not found")
+    with expect_fallback("Ascend C kernel not built"):
+        torch.testing.assert_close(hal.ops.hadamard_transform(x, 1.0), x)
+
+
+# -- quantisation --------------------------------------------------------------------------------------
+def test_fp8_block_quant_on_a_910b_is_declined_for_capability(npu):
+    x = randn(2, 256, g=seeded(19))
+    assert rejection("fp8_block_quant", x, 128, None) == (
+        "Ascend910B2 (Atlas A2 (Ascend 910B)) has no FP8 (float8_e4m3fn); FP8 needs an Ascend 950")
+    with expect_fallback("has no FP8"):
+        hal.ops.fp8_block_quant(x, 128, None)
+    assert npu.calls["npu_dynamic_block_quant"] == 0
+
+
+@pytest.mark.parametrize("shape", [(3, 256), (2, 2, 128)])
+def test_fp8_block_quant_on_a_950_matches_the_reference(npu950, shape):
+    x = randn(*shape, g=seeded(20), scale=3.0)
+    x.view(-1)[:128] = 0  # an all-zero block: the amax floor decides its scale
+    assert chosen("fp8_block_quant", x, 128, None) == f"{EMU}.fp8_block_quant"
+    q, scale = hal.ops.fp8_block_quant(x, 128, None)
+    ref_q, ref_scale = hal.reference.fp8_block_quant(x, 128, None)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == ref_scale.shape
+    torch.testing.assert_close(scale, ref_scale)
+    torch.testing.assert_close(q.float(), ref_q.float())
+    assert npu950.calls["npu_dynamic_block_quant"] == 1
+
+
+def test_fp8_block_quant_on_a_950_declines_other_blocks_and_ue8m0(npu950):
+    x = randn(2, 256, g=seeded(21))
+    assert rejection("fp8_block_quant", x, 64, None) == (
+        "npu_dynamic_block_quant quantises blocks of 128 columns only, got block 64")
+    assert rejection("fp8_block_quant", x, 128, "ue8m0") == (
+        "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
+    assert rejection("fp8_block_quant", x.float(), 128, None) == (
+        "implements fp8_block_quant for {bfloat16, float16}, not float32")
