@@ -553,3 +553,77 @@ def test_fp8_block_quant_on_a_950_declines_other_blocks_and_ue8m0(npu950):
         "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
     assert rejection("fp8_block_quant", x.float(), 128, None) == (
         "implements fp8_block_quant for {bfloat16, float16}, not float32")
+
+
+# -- KV cache ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,dim", [(torch.bfloat16, 576), (torch.float32, 7)])
+def test_kv_cache_write_matches_the_reference(npu, dtype, dim):
+    g = seeded(22)
+    cache = randn(4, 16, dim, g=g, dtype=dtype)
+    values = randn(6, dim, g=g, dtype=dtype)
+    slots = torch.tensor([5, -1, 63, 0, -1, 17], dtype=torch.int64)
+    expected = cache.clone()
+    hal.reference.kv_cache_write(expected, values, slots)
+    assert chosen("kv_cache_write", cache, values, slots) == f"{EMU}.kv_cache_write"
+    assert hal.ops.kv_cache_write(cache, values, slots) is None
+    assert torch.equal(cache, expected)  # the whole cache: untouched slots stay untouched
+    assert npu.calls["npu_scatter_nd_update_"] == 1
+
+
+def test_kv_cache_write_of_padding_only_calls_nothing(npu):
+    cache = torch.zeros(2, 16, 8, dtype=torch.bfloat16)
+    hal.ops.kv_cache_write(cache, torch.ones(3, 8, dtype=torch.bfloat16), torch.full((3,), -1, dtype=torch.int32))
+    assert bool((cache == 0).all()) and npu.calls["npu_scatter_nd_update_"] == 0
+
+
+def test_fp8_caches_are_written_bytewise_on_a_950_and_not_offered_on_a_910b(hal_state):
+    g = seeded(23)
+    cache = torch.randn(2, 16, 128, generator=g).to(torch.float8_e4m3fn)
+    values = torch.randn(3, 128, generator=g).to(torch.float8_e4m3fn)
+    slots = torch.tensor([4, -1, 31], dtype=torch.int32)
+    expected = cache.clone()
+    hal.reference.kv_cache_write(expected, values, slots)
+    for chip in ("910B", "950"):
+        hal.reload()
+        backend = emulated(chip)
+        hal_state(as_plugin(backend), f"{EMU}_{chip}")
+        e = hal.explain("kv_cache_write", cache, values, slots)
+        if chip == "910B":
+            assert dict(e.rejected)[f"{EMU}.kv_cache_write"].startswith(
+                "device Ascend910B2 does not support float8_e4m3fn")
+        else:
+            assert e.chosen == f"{EMU}.kv_cache_write"
+            hal.ops.kv_cache_write(cache, values, slots)
+            assert torch.equal(cache.view(torch.int8), expected.view(torch.int8))
+        hal.unload_plugin(f"{EMU}_{chip}")
+
+
+def test_indexer_k_cache_write_on_a_950_matches_the_reference(npu950):
+    g = seeded(24)
+    k = randn(5, 128, g=g, scale=2.0)
+    k[2] = 0  # the amax floor
+    k_cache = torch.zeros(3, 16, 128, dtype=torch.float8_e4m3fn)
+    k_scale = torch.full((3, 16), -1.0)
+    slots = torch.tensor([7, -1, 40, 0, 33], dtype=torch.int32)
+    want_cache, want_scale = k_cache.clone(), k_scale.clone()
+    hal.reference.indexer_k_cache_write(k, want_cache, want_scale, slots, None)
+    args = (k, k_cache, k_scale, slots, None)
+    assert chosen("indexer_k_cache_write", *args) == f"{EMU}.indexer_k_cache_write"
+    hal.ops.indexer_k_cache_write(*args)
+    torch.testing.assert_close(k_scale, want_scale)
+    torch.testing.assert_close(k_cache.float(), want_cache.float())
+    assert npu950.calls["npu_dynamic_block_quant"] == 1 and npu950.calls["npu_scatter_nd_update_"] == 2
+
+
+def test_indexer_k_cache_write_declines_without_fp8_or_off_block(npu, hal_state):
+    g = seeded(25)
+    k, slots = randn(2, 128, g=g), torch.tensor([0, 1], dtype=torch.int32)
+    k_cache, k_scale = torch.zeros(1, 16, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 16)
+    assert rejection("indexer_k_cache_write", k, k_cache, k_scale, slots, None).endswith(
+        "has no FP8 (float8_e4m3fn); FP8 needs an Ascend 950")
+    hal.unload_plugin(EMU)
+    hal_state(as_plugin(emulated("950")), f"{EMU}950")
+    e = hal.explain("indexer_k_cache_write", randn(2, 64, g=g), torch.zeros(1, 16, 64, dtype=torch.float8_e4m3fn),
+                    k_scale, slots, "ue8m0")
+    assert dict(e.rejected)[f"{EMU}.indexer_k_cache_write"] == (
+        "npu_dynamic_block_quant quantises blocks of 128 columns only, the key rows have D = 64")

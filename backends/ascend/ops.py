@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from . import AscendBackend
 
 _F32, _F16, _BF16, _I32, _I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
+_FP8 = torch.float8_e4m3fn
 FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
@@ -51,6 +52,8 @@ OP_LIMITS = {
     "npu_grouped_matmul": f"<= {GMM_MAX_GROUPS} experts, last dims < {GMM_MAX_LAST_DIM}",
     "npu_rotary_mul": f"heads < {ROTARY_MAX_HEADS}; half mode R < {ROTARY_HALF_MAX_DIM}",
     "npu_dynamic_block_quant": f"blocks of 1 x {BLOCK_QUANT_COLS}; FP8 output only on Ascend 950; bf16/fp16 input",
+    "npu_scatter_nd_update_": "no skipping of out-of-range slots (the adapter drops -1 rows first); FP8 rows "
+                              "are written as their int8 bytes",
     "hadamard (Ascend C)": f"D a power of two in [{HADAMARD_MIN_DIM}, {HADAMARD_MAX_DIM}]",
 }
 
@@ -63,7 +66,7 @@ def _name(dtype: torch.dtype) -> str:
 
 def declare(backend: "AscendBackend") -> None:
     """Declares every adapter on `backend` (closures over it: one set per instance)."""
-    for family in (_declare_common, _declare_quant, _declare_dsa, _declare_moe):
+    for family in (_declare_common, _declare_quant, _declare_dsa, _declare_moe, _declare_kv):
         family(backend)
 
 
@@ -497,3 +500,51 @@ def _declare_moe(backend: "AscendBackend") -> None:
         return backend.runtime.npu_grouped_matmul(
             [x.contiguous()], [w.transpose(1, 2)], group_list=tokens_per_expert.to(_I64), group_list_type=1,
             group_type=0, split_item=2)[0]
+
+
+# -- KV cache ----------------------------------------------------------------------------------
+def _written_slots(slot_mapping: Tensor) -> tuple[Tensor, Tensor]:
+    """(rows to write, their slots as [n, 1] indices): npu_scatter_nd_update_ does not skip
+    out-of-range indices, so the -1 padding rows are removed before the call."""
+    written = slot_mapping >= 0
+    return written, slot_mapping[written].view(-1, 1)
+
+
+def _as_bytes(t: Tensor) -> Tensor:
+    """FP8 tensors as int8 of the same bytes: the scatter has no FP8 dtype and copies bits."""
+    return t.view(torch.int8) if t.dtype == _FP8 else t
+
+
+def _declare_kv(backend: "AscendBackend") -> None:
+    @backend.impl("kv_cache_write", dtypes=FLOATS + (_FP8,))
+    def kv_cache_write(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
+        written, slots = _written_slots(slot_mapping)
+        if slots.numel() == 0 or cache.shape[-1] == 0:
+            return None
+        rows = values[written].contiguous()
+        backend.runtime.npu_scatter_nd_update_(_as_bytes(cache.view(-1, cache.shape[-1])), slots,
+                                               _as_bytes(rows))
+        return None
+
+    def indexer_k_write_supported(k, k_cache, k_scale, slot_mapping, scale_fmt) -> Verdict:
+        return _first_reason(
+            backend.fp8_declined,
+            lambda: None if k.shape[1] == BLOCK_QUANT_COLS else
+            f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, the key rows have "
+            f"D = {k.shape[1]}",
+            lambda: None if scale_fmt is None else
+            "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
+
+    @backend.impl("indexer_k_cache_write", dtypes=HALVES, supports=indexer_k_write_supported)
+    def indexer_k_cache_write(k: Tensor, k_cache: Tensor, k_scale: Tensor, slot_mapping: Tensor,
+                              scale_fmt: str | None) -> None:
+        written, slots = _written_slots(slot_mapping)
+        if slots.numel() == 0:
+            return None
+        # one key row is one 1 x 128 block: its scale is the row's scale
+        q, scale = backend.runtime.npu_dynamic_block_quant(
+            k[written].contiguous(), min_scale=FP8_MIN_AMAX / FP8_MAX, dst_type=_FP8, row_block_size=1,
+            col_block_size=BLOCK_QUANT_COLS)
+        backend.runtime.npu_scatter_nd_update_(_as_bytes(k_cache.view(-1, k_cache.shape[-1])), slots, _as_bytes(q))
+        backend.runtime.npu_scatter_nd_update_(k_scale.view(-1, 1), slots, scale.view(-1, 1))
+        return None
