@@ -627,3 +627,40 @@ def test_indexer_k_cache_write_declines_without_fp8_or_off_block(npu, hal_state)
                     k_scale, slots, "ue8m0")
     assert dict(e.rejected)[f"{EMU}.indexer_k_cache_write"] == (
         "npu_dynamic_block_quant quantises blocks of 128 columns only, the key rows have D = 64")
+
+
+class FakeKernels:
+    """Stands in for the compiled Ascend C library (which cannot be built here), to check the
+    adapter's side of the call: row layout, dtype, scale and the stream handle it passes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def missing(self):
+        return None
+
+    def status(self):
+        return "fake"
+
+    def hadamard(self, x, out, scale, stream):
+        self.calls.append((tuple(x.shape), x.dtype, x.is_contiguous(), stream))
+        y = x.double()
+        h = 1
+        while h < x.shape[1]:  # butterflies, written out independently of the reference
+            y = y.view(x.shape[0], -1, 2, h)
+            y = torch.stack((y[:, :, 0] + y[:, :, 1], y[:, :, 0] - y[:, :, 1]), dim=2)
+            h *= 2
+        out.copy_((y.reshape(x.shape) * scale).to(out.dtype))
+
+
+def test_hadamard_transform_adapter_hands_rows_and_the_stream_to_the_kernel(hal_state):
+    backend = emulated()
+    backend.kernels = FakeKernels()
+    hal_state(as_plugin(backend), EMU)
+    x = randn(2, 3, 128, g=seeded(26)).transpose(0, 1)  # non-contiguous
+    assert chosen("hadamard_transform", x, 128 ** -0.5) == f"{EMU}.hadamard_transform"
+    torch.testing.assert_close(hal.ops.hadamard_transform(x, 128 ** -0.5),
+                               hal.reference.hadamard_transform(x, 128 ** -0.5))
+    assert backend.kernels.calls == [((6, 128), torch.bfloat16, True, 0x5151)]
+    assert rejection("hadamard_transform", torch.zeros(2, 8), 1.0) == (
+        "the Ascend C Hadamard kernel takes D in [16, 8192], got 8")

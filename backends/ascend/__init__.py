@@ -17,7 +17,7 @@ from glm5_hal import Availability, Capabilities, hookimpl
 from glm5_hal.vendor_backend import VendorBackend, describe_import_failure, import_bridge
 from glm5_hal.vendors import Vendor, installed
 
-from . import chips
+from . import chips, kernels, ops
 from .chips import Generation
 
 
@@ -40,7 +40,6 @@ class AscendBackend(VendorBackend):
                  priority: int | None = None) -> None:
         super().__init__(runtime, name=name, device_type=device_type, priority=priority)
         self.chip: ChipInfo | None = None
-        from . import kernels, ops
         self.kernels = kernels.KernelLibrary()
         ops.declare(self)
 
@@ -89,7 +88,6 @@ class AscendBackend(VendorBackend):
         return Availability(True, f"{count} x {device_name} ({gen.label}), torch_npu {version}, CANN {cann}")
 
     def capabilities(self) -> Capabilities:
-        from .ops import OP_LIMITS
         chip = self.chip
         if chip is None:  # only asked after a successful probe
             return Capabilities(dist_backend=self.vendor.dist_backend)
@@ -99,7 +97,7 @@ class AscendBackend(VendorBackend):
             device_name=chip.device_name,
             limits={"generation": gen.label, "soc_version": chip.soc_version, "devices": chip.device_count,
                     "fp8": gen.fp8, "indexer_key_quantisation": gen.indexer_key_quant,
-                    "ascend_c_kernels": self.kernels.status(), **OP_LIMITS})
+                    "ascend_c_kernels": self.kernels.status(), **ops.OP_LIMITS})
 
     def versions(self) -> dict[str, str]:
         versions = super().versions()

@@ -187,8 +187,9 @@ def _declare_common(backend: "AscendBackend") -> None:
             return torch.empty_like(x)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         out = torch.empty_like(rows)
-        stream = backend.runtime.npu.current_stream().npu_stream
-        backend.kernels.hadamard(rows, out, scale, stream)
+        npu = backend.runtime.npu
+        with npu.device(x.device):  # the host glue launches on the current device
+            backend.kernels.hadamard(rows, out, scale, npu.current_stream(x.device).npu_stream)
         return out.view(x.shape)
 
 

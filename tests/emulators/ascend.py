@@ -21,7 +21,9 @@ raises `NotEmulatedError` instead of guessing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
+import types
 from typing import Sequence
 
 import torch
@@ -174,6 +176,16 @@ class _NpuModule:
 
     def is_bf16_supported(self) -> bool:
         return self._emulator.soc_version >= 220
+
+    def device(self, device: object) -> contextlib.AbstractContextManager:
+        """torch_npu.npu.device: makes `device` current inside the block."""
+        self._lazy_init()
+        return contextlib.nullcontext()
+
+    def current_stream(self, device: object = None) -> types.SimpleNamespace:
+        """torch_npu.npu.current_stream: a Stream whose `npu_stream` is the aclrtStream handle."""
+        self._lazy_init()
+        return types.SimpleNamespace(npu_stream=0x5151, device=device)
 
 
 class NpuEmulator:
