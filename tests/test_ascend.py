@@ -664,3 +664,13 @@ def test_hadamard_transform_adapter_hands_rows_and_the_stream_to_the_kernel(hal_
     assert backend.kernels.calls == [((6, 128), torch.bfloat16, True, 0x5151)]
     assert rejection("hadamard_transform", torch.zeros(2, 8), 1.0) == (
         "the Ascend C Hadamard kernel takes D in [16, 8192], got 8")
+
+
+def test_causal_runs_split_ranges_into_vendor_batches():
+    from glm5_hal.backends.ascend.ops import causal_runs
+    # packed prefill of 3 + 2 tokens, then two decode-like tokens over one range, then an
+    # empty range and two unrelated ranges
+    starts = [0, 0, 0, 3, 3, 0, 0, 4, 2, 2]
+    ends = [1, 2, 3, 4, 5, 9, 9, 4, 6, 3]
+    assert causal_runs(starts, ends) == [(0, 3, 0, 3, 3), (3, 5, 3, 2, 3), (5, 7, 0, 9, 0), (8, 9, 2, 4, 3),
+                                         (9, 10, 2, 1, 3)]

@@ -251,20 +251,21 @@ def _indexer_weights(q: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
 
 def causal_runs(starts: list[int], ends: list[int]) -> list[tuple[int, int, int, int, int]]:
     """Splits per-token key ranges [starts[t], ends[t]) into runs (first, end, key_start,
-    key_len, sparse_mode) that npu_lightning_indexer computes as one TND batch: a causal run
-    (sparse_mode 3: same start, end growing by one per token, bottom-right aligned) or a flat
-    run (sparse_mode 0: the same range for every token)."""
+    key_len, sparse_mode) of consecutive tokens that npu_lightning_indexer computes as one
+    TND batch: a causal run (sparse_mode 3: same start, end growing by one per token, i.e.
+    bottom-right aligned) or a flat run (sparse_mode 0: the same range for every token).
+    Tokens with an empty range belong to no run: their row is all -1 without a call."""
     runs: list[list[int]] = []
     for t, (s, e) in enumerate(zip(starts, ends)):
-        if runs:
+        if e <= s:
+            continue
+        if runs and runs[-1][1] == t and s == runs[-1][2]:
             run = runs[-1]
-            first, last = run[0], t - 1
-            if s == starts[first]:
-                causal = e == ends[last] + 1 and run[4] in (-1, 3)
-                flat = e == ends[last] and run[4] in (-1, 0)
-                if causal or flat:
-                    run[1], run[3], run[4] = t + 1, e - s, 3 if causal else 0
-                    continue
+            causal = e == ends[t - 1] + 1 and run[4] in (-1, 3)
+            flat = e == ends[t - 1] and run[4] in (-1, 0)
+            if causal or flat:
+                run[1], run[3], run[4] = t + 1, e - s, 3 if causal else 0
+                continue
         runs.append([t, t + 1, s, e - s, -1])
     return [(a, b, ks, kl, 3 if mode == -1 else mode) for a, b, ks, kl, mode in runs]
 
@@ -278,9 +279,9 @@ def _declare_dsa(backend: "AscendBackend") -> None:
                      topk: int) -> Tensor:
         tokens, device = q.shape[0], q.device
         out = torch.full((tokens, topk), -1, dtype=_I32, device=device)
-        if tokens == 0:
+        runs = causal_runs(k_start.tolist(), k_end.tolist())  # a host sync, like the kernel's lengths
+        if not runs:
             return out
-        runs = causal_runs(k_start.tolist(), k_end.tolist())
         q64, w64 = _indexer_weights(q, weights)
         count = indexer_sparse_count(topk)
         for mode in (3, 0):  # the mask mode is per call: one call per kind of run
