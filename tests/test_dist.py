@@ -492,7 +492,7 @@ def test_backend_for_device_without_the_cpu_backend(hal_state, monkeypatch):
 
 
 VENDOR_BACKENDS = [("hccl", "ascend", "torch_npu"), ("mccl", "musa", "torch_musa"),
-                   ("cncl", "cambricon", "torch_mlu"), ("bkcl", "kunlun", "torch_xmlir")]
+                   ("cncl", "cambricon", "torch_mlu"), ("eccl", "enflame", "torch_gcu")]
 
 
 @pytest.mark.parametrize("name,vendor,bridge", VENDOR_BACKENDS)

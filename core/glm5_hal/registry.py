@@ -462,6 +462,11 @@ class Op:
     def _register_torch_op(self) -> None:
         opdef = self.opdef
         qualname = f"{NAMESPACE}::{opdef.name}"
+        if "=" in opdef.schema:
+            # torch drops trailing arguments equal to their schema default before calling
+            # the kernel, so check(*args) would see a short argument list. The Python
+            # functions keep the defaults; the schema must not have any.
+            raise HalError(f"op {opdef.name}: torch schema must not declare defaults: {opdef.schema}")
         _LIBRARY.define(opdef.name + opdef.schema)
         from_torch = opdef.from_torch
 

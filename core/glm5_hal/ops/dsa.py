@@ -306,7 +306,7 @@ def _attention_fake(q, d_v, lead):
 
 _SPARSE_MLA_ATTENTION = define(OpDef(
     name="sparse_mla_attention",
-    schema="(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v=512) -> (Tensor, Tensor)",
+    schema="(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v) -> (Tensor, Tensor)",
     reference=ref.sparse_mla_attention,
     check=_check_sparse_mla_attention,
     fake=lambda q, kv, indices, sm_scale, d_v: _attention_fake(q, d_v, q.shape[:1]),
@@ -357,7 +357,7 @@ def _check_sparse_mla_decode_paged(q, kv_cache, block_table, context_lens, indic
 _SPARSE_MLA_DECODE_PAGED = define(OpDef(
     name="sparse_mla_decode_paged",
     schema="(Tensor q, Tensor kv_cache, Tensor block_table, Tensor context_lens, Tensor indices, "
-           "float sm_scale, int d_v=512) -> (Tensor, Tensor)",
+           "float sm_scale, int d_v) -> (Tensor, Tensor)",
     reference=ref.sparse_mla_decode_paged,
     check=_check_sparse_mla_decode_paged,
     check_values=lambda q, kv_cache, block_table, context_lens, indices, sm_scale, d_v: _check_paging_values(
@@ -393,7 +393,7 @@ def _check_dense_mla_decode_paged(q, kv_cache, block_table, context_lens, sm_sca
 _DENSE_MLA_DECODE_PAGED = define(OpDef(
     name="dense_mla_decode_paged",
     schema="(Tensor q, Tensor kv_cache, Tensor block_table, Tensor context_lens, float sm_scale, "
-           "int d_v=512) -> (Tensor, Tensor)",
+           "int d_v) -> (Tensor, Tensor)",
     reference=ref.dense_mla_decode_paged,
     check=_check_dense_mla_decode_paged,
     check_values=lambda q, kv_cache, block_table, context_lens, sm_scale, d_v: _check_paging_values(
