@@ -1,0 +1,706 @@
+"""The Ascend backend: probe reasons, capabilities per chip generation, and every adapter
+run end to end against the torch_npu emulator (tests/emulators/ascend.py) on CPU tensors,
+compared with glm5_hal.reference; calls outside the vendor constraints must be declined
+with a reason (dispatch then moves on) and never reach the vendor op."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+import glm5_hal as hal
+from glm5_hal.backends import ascend as ascend_pkg
+from glm5_hal.backends.ascend import AscendBackend, chips
+from emulators.ascend import NpuEmulator
+
+from conftest import seeded
+
+EMU = "ascend_emu"
+
+
+def as_plugin(backend) -> types.ModuleType:
+    module = types.ModuleType("ascend_emulated_plugin")
+    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
+    return module
+
+
+def emulated(chip: str = "910B", **runtime_kwargs) -> AscendBackend:
+    return AscendBackend(runtime=NpuEmulator(chip, **runtime_kwargs), name=EMU, device_type="cpu",
+                         priority=1000)
+
+
+@pytest.fixture
+def npu(hal_state):
+    """An emulated 910B backend registered at run time; yields its emulator."""
+    backend = emulated("910B")
+    hal_state(as_plugin(backend), EMU)
+    assert backend.availability().available, backend.availability().reason
+    return backend.runtime
+
+
+@contextlib.contextmanager
+def expect_fallback(reason: str):
+    """The block runs the reference with a FallbackWarning naming `reason` (other backends'
+    declines warn too and are swallowed)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    messages = [str(w.message) for w in caught if issubclass(w.category, hal.FallbackWarning)]
+    assert any(f"'{EMU}' declined: " in m and reason in m for m in messages), messages
+
+
+def chosen(op, *args):
+    return hal.explain(op, *args).chosen
+
+
+def rejection(op, *args) -> str:
+    e = hal.explain(op, *args)
+    return dict(e.rejected).get(f"{EMU}.{op}", "")
+
+
+# -- probe ---------------------------------------------------------------------------------------
+def test_without_torch_npu_the_registered_backend_says_the_bridge_is_missing():
+    row = next(r for r in hal.backends() if r.name == "ascend")
+    assert (row.available, row.reason, row.device_type) == (False, "bridge torch_npu not installed", "npu")
+    assert "rms_norm" in row.ops
+
+
+def fake_torch_npu(tmp_path, monkeypatch, body: str) -> None:
+    pkg = tmp_path / "torch_npu"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+
+
+def test_missing_cann_library_is_named_before_importing_the_bridge(tmp_path, monkeypatch):
+    # the bridge would crash the test if imported: the library pre-check must answer first
+    fake_torch_npu(tmp_path, monkeypatch, "raise SystemExit('imported torch_npu')\n")
+    monkeypatch.setattr(chips, "CANN_LIBRARIES", ("libhccl_not_here_glm5.so",))
+    availability = AscendBackend().availability()
+    assert not availability.available
+    assert availability.reason.startswith("runtime library missing: libhccl_not_here_glm5.so")
+    assert "ASCEND_HOME_PATH" in availability.reason
+    assert "torch_npu" not in sys.modules
+
+
+def test_this_machine_has_no_libhccl():
+    reason = ascend_pkg.missing_runtime_library(AscendBackend().vendor)
+    assert reason is not None and reason.startswith("runtime library missing: libhccl.so")
+
+
+def test_import_error_of_the_bridge_names_the_library(tmp_path, monkeypatch):
+    fake_torch_npu(tmp_path, monkeypatch, "raise ImportError('libhccl.so: cannot open shared object file: "
+                                          "No such file or directory')\n")
+    monkeypatch.setattr(chips, "CANN_LIBRARIES", ("libc.so.6",))  # pre-check passes here
+    reason = AscendBackend().availability().reason
+    assert reason.startswith("runtime library missing: libhccl.so (torch_npu is installed")
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"devices": 0}, "no NPU device visible (torch_npu.npu.device_count() == 0; check `npu-smi info` "
+                     "and ASCEND_RT_VISIBLE_DEVICES)"),
+    ({"version": "2.12.0"}, "torch_npu 2.12.0 is too old: the adapters use the torch_npu 2.13 op schemas"),
+    ({"cann": "8.2.RC1"}, "CANN 8.2.RC1 is too old: the DSA kernels need CANN >= 8.3"),
+    ({"cann": ""}, "the CANN version could not be read (''); the DSA kernels need CANN >= 8.3"),
+    ({"chip": "310P"}, "unsupported chip Ascend310P3 (soc_version 202); the ascend backend supports "
+                       "Atlas A2 (Ascend 910B): soc 220-225, Atlas A3 (Ascend 910C, 910_93xx): soc 250-256, "
+                       "Ascend 950PR/950DT: soc 260"),
+    ({"chip": "910A"}, "unsupported chip Ascend910A (soc_version 102)"),
+])
+def test_probe_gives_a_specific_reason(kwargs, expected):
+    chip = kwargs.pop("chip", "910B")
+    availability = emulated(chip, **kwargs).availability()
+    assert not availability.available
+    assert availability.reason.startswith(expected)
+
+
+@pytest.mark.parametrize("chip,generation,fp8", [
+    ("910B", "Atlas A2 (Ascend 910B)", False),
+    ("910B4", "Atlas A2 (Ascend 910B)", False),
+    ("A3", "Atlas A3 (Ascend 910C, 910_93xx)", False),
+    ("910_9362", "Atlas A3 (Ascend 910C, 910_93xx)", False),
+    ("950", "Ascend 950PR/950DT", True),
+    ("950DT", "Ascend 950PR/950DT", True),
+])
+def test_capabilities_per_generation(chip, generation, fp8):
+    backend = emulated(chip)
+    availability = backend.availability()
+    emulator = backend.runtime
+    assert availability.available
+    assert availability.reason == (f"EMULATED (NpuEmulator): 8 x {emulator.device_name} ({generation}), "
+                                   f"torch_npu 2.13.0, CANN 8.5.0")
+    caps = backend.cached_capabilities()
+    assert caps.dist_backend == "hccl" and caps.device_name == emulator.device_name
+    assert caps.limits["generation"] == generation and caps.limits["fp8"] is fp8
+    assert (torch.float8_e4m3fn in caps.dtypes) is fp8
+    assert {torch.float32, torch.float16, torch.bfloat16} <= caps.dtypes
+    assert backend.versions()["chip"] == f"{emulator.device_name} (soc {emulator.soc_version})"
+    assert (backend.fp8_declined() is None) is fp8
+
+
+def test_real_and_emulated_instances_keep_their_own_adapters():
+    a, b = emulated("910B"), AscendBackend(runtime=NpuEmulator("950"), name="ascend_emu950", device_type="cpu")
+    assert a.impls["rms_norm"].fn is not b.impls["rms_norm"].fn
+    a.availability(), b.availability()
+    x, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
+    a.impls["rms_norm"].fn(x, w, 1e-6)
+    assert (a.runtime.calls["npu_rms_norm"], b.runtime.calls["npu_rms_norm"]) == (1, 0)
+
+
+def test_the_ascend_c_kernels_are_reported_as_not_built():
+    backend = emulated()
+    backend.availability()
+    assert backend.cached_capabilities().limits["ascend_c_kernels"].startswith("Ascend C kernel not built")
+
+
+# -- rms_norm --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,dtype", [((3, 17), torch.float32), ((5,), torch.bfloat16),
+                                         ((2, 3, 6144), torch.bfloat16), ((4, 6144), torch.float16),
+                                         ((0, 8), torch.float32)])
+def test_rms_norm_matches_the_reference(npu, shape, dtype):
+    g = seeded(1)
+    x = torch.randn(shape, generator=g).to(dtype)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
+    assert chosen("rms_norm", x, w, 1e-6) == f"{EMU}.rms_norm"
+    out = hal.ops.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(out, hal.reference.rms_norm(x, w, 1e-6))
+    assert npu.calls["npu_rms_norm"] == (1 if x.numel() else 0)
+
+
+def test_rms_norm_with_a_wider_weight_is_declined_for_half_inputs(npu):
+    x, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8)
+    assert rejection("rms_norm", x, w, 1e-6).startswith("npu_rms_norm takes gamma in x's dtype")
+    assert chosen("rms_norm", x, w, 1e-6) == "cpu.rms_norm"
+    hal.ops.rms_norm(x, w, 1e-6)
+    assert npu.calls["npu_rms_norm"] == 0
+    x32 = torch.randn(2, 8)
+    assert chosen("rms_norm", x32, w.to(torch.bfloat16), 1e-6) == f"{EMU}.rms_norm"
+
+
+# -- helpers for the adapter tests ---------------------------------------------------------------------
+@pytest.fixture
+def npu950(hal_state):
+    backend = emulated("950")
+    hal_state(as_plugin(backend), EMU)
+    assert backend.availability().available, backend.availability().reason
+    return backend.runtime
+
+
+def randn(*shape, g, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def assert_topk_selects_the_best(out, logits, topk, counts, tau_rel=1e-2):
+    """The conformance rule for top-k outputs: per row, distinct in-range entries,
+    left-packed, -1 after, min(topk, count) valid, each within tau of the k-th best score."""
+    assert out.dtype == torch.int32 and out.shape[-1] == topk
+    out, logits, counts = out.reshape(-1, topk), logits.reshape(-1, logits.shape[-1]), counts.reshape(-1)
+    for row, scores, count in zip(out, logits, counts.tolist()):
+        n = min(topk, count)
+        assert bool((row[:n] >= 0).all()) and bool((row[n:] == -1).all()), (row, n)
+        chosen_keys = row[:n].long()
+        assert chosen_keys.unique().numel() == n
+        if n == 0:
+            continue
+        assert bool(torch.isfinite(scores[chosen_keys]).all()), "selected a key outside the row's range"
+        kth = scores.topk(n).values[-1]
+        tau = tau_rel * scores[torch.isfinite(scores)].abs().max()
+        assert bool((scores[chosen_keys] >= kth - tau).all())
+
+
+def fp16_weights(*shape, g):
+    """float32 weights exactly representable in float16 (the indexer takes weights in q's dtype)."""
+    return torch.randn(*shape, generator=g).to(torch.float16).float()
+
+
+# -- indexer_topk ----------------------------------------------------------------------------------
+def packed_causal_ranges(lengths, context=()):
+    """k_start/k_end of a packed prefill: sequence b (after `context[b]` cached tokens) at
+    offset o_b, token p sees [o_b, o_b + context + p + 1)."""
+    starts, ends, offset = [], [], 0
+    for b, n in enumerate(lengths):
+        ctx = context[b] if context else 0
+        starts += [offset] * n
+        ends += [offset + ctx + p + 1 for p in range(n)]
+        offset += ctx + n
+    return torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32), offset
+
+
+INDEXER_CASES = {
+    "packed_prefill": lambda T: packed_causal_ranges([5, 7]),
+    "chunked_prefill_with_context": lambda T: packed_causal_ranges([4, 3], context=[6, 9]),
+    "same_range_for_all": lambda T: (torch.full((6,), 2, dtype=torch.int32), torch.full((6,), 11, dtype=torch.int32), 13),
+    "arbitrary_ranges": lambda T: (torch.tensor([0, 3, 3, 1, 7, 0, 9], dtype=torch.int32),
+                                   torch.tensor([4, 9, 5, 1, 12, 12, 10], dtype=torch.int32), 12),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEXER_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_indexer_topk_matches_the_reference(npu, case, dtype):
+    g = seeded(2)
+    k_start, k_end, num_keys = INDEXER_CASES[case](None)
+    tokens, heads, topk = k_start.shape[0], 8, 4
+    q, k = randn(tokens, heads, 128, g=g, dtype=dtype), randn(num_keys, 128, g=g, dtype=dtype)
+    w = fp16_weights(tokens, heads, g=g)
+    args = (q, k, w, k_start, k_end, topk)
+    assert chosen("indexer_topk", *args) == f"{EMU}.indexer_topk"
+    out = hal.ops.indexer_topk(*args)
+    logits = hal.reference.indexer_logits(q.double(), k.double(), w.double(), k_start, k_end)
+    assert_topk_selects_the_best(out, logits, topk, k_end - k_start)
+    assert npu.calls["npu_lightning_indexer"] >= 1
+
+
+def test_indexer_topk_glm5_shapes_and_a_topk_beyond_2048(npu):
+    g = seeded(3)
+    k_start, k_end, num_keys = packed_causal_ranges([3, 2], context=[2600, 40])
+    q, k = randn(5, 32, 128, g=g), randn(num_keys, 128, g=g)
+    w = fp16_weights(5, 32, g=g) * 32 ** -0.5 * 128 ** -0.5
+    for topk in (2048, 3000):  # 3000 runs as sparse_count 3072, truncated
+        out = hal.ops.indexer_topk(q, k, w, k_start, k_end, topk)
+        logits = hal.reference.indexer_logits(q.double(), k.double(), w.double(), k_start, k_end)
+        assert_topk_selects_the_best(out, logits, topk, k_end - k_start)
+    assert npu.calls["npu_lightning_indexer"] == 2
+
+
+def test_indexer_topk_declines_what_the_vendor_op_cannot_run(npu):
+    g = seeded(4)
+    ks, ke = torch.zeros(3, dtype=torch.int32), torch.full((3,), 5, dtype=torch.int32)
+    k = randn(5, 128, g=g)
+
+    def why(q, key, topk=4, weights=None):
+        return rejection("indexer_topk", q, key, torch.zeros(q.shape[:2]) if weights is None else weights, ks, ke, topk)
+
+    assert why(randn(3, 65, 128, g=g), k) == ("npu_lightning_indexer runs exactly 64 query heads (N1); "
+                                              "65 heads do not fit")
+    assert why(randn(3, 4, 64, g=g), randn(5, 64, g=g)) == "npu_lightning_indexer needs head dim D = 128, got 64"
+    assert why(randn(3, 4, 128, g=g), k, topk=9000).startswith("npu_lightning_indexer returns at most 8192")
+    fp8 = (k.float().to(torch.float8_e4m3fn), torch.ones(5))
+    assert why(randn(3, 4, 128, g=g), fp8).startswith("npu_lightning_indexer takes bf16/fp16 keys; FP8 key pairs")
+    assert why(randn(3, 4, 128, g=g, dtype=torch.float32), k.float()) == (
+        "implements indexer_topk for {bfloat16, float16}, not float32")
+    with expect_fallback("65 heads do not fit"):
+        hal.ops.indexer_topk(randn(3, 65, 128, g=g), k, torch.zeros(3, 65), ks, ke, 4)
+    assert npu.calls["npu_lightning_indexer"] == 0
+
+
+def test_indexer_topk_with_no_tokens(npu):
+    g = seeded(5)
+    out = hal.ops.indexer_topk(randn(0, 4, 128, g=g), randn(3, 128, g=g), torch.zeros(0, 4),
+                               torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 2)
+    assert out.shape == (0, 2) and out.dtype == torch.int32
+
+
+# -- indexer_topk_paged ----------------------------------------------------------------------------
+def paged_layout(context_lens, block_size, num_blocks, g, pad=1):
+    """A block table handing out shuffled distinct blocks, -1 after each sequence's blocks."""
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    rows = []
+    width = max(-(-n // block_size) for n in context_lens) + pad
+    for n in context_lens:
+        used = -(-n // block_size)
+        rows.append([free.pop() for _ in range(used)] + [-1] * (width - used))
+    return torch.tensor(rows, dtype=torch.int32), torch.tensor(context_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("queries,heads,block_size,topk", [(1, 32, 16, 8), (2, 64, 32, 5), (3, 7, 16, 2048)])
+def test_indexer_topk_paged_matches_the_reference(npu, queries, heads, block_size, topk):
+    g = seeded(6)
+    block_table, context_lens = paged_layout([0, 20, 37, 2], block_size, 12, g)
+    batch = context_lens.shape[0]
+    q = randn(batch, queries, heads, 128, g=g)
+    k_cache = randn(12, block_size, 128, g=g)
+    w = fp16_weights(batch, queries, heads, g=g)
+    args = (q, k_cache, w, block_table, context_lens, topk)
+    assert chosen("indexer_topk_paged", *args) == f"{EMU}.indexer_topk_paged"
+    out = hal.ops.indexer_topk_paged(*args)
+    assert out.shape == (batch, queries, topk)
+    # the reference's logits over logical positions, -inf outside each query's causal range
+    length = int(context_lens.max())
+    rows = torch.stack([k_cache.reshape(-1, 128)[[int(block_table[b, p // block_size]) * block_size + p % block_size
+                                                  if p < int(context_lens[b]) else 0 for p in range(length)]]
+                        for b in range(batch)])
+    visible = (context_lens.view(-1, 1) - queries + torch.arange(queries) + 1).clamp(min=0)
+    logits = torch.einsum("bnhd,bsd->bnhs", q.double(), rows.double()).relu()
+    logits = (logits * w.double().unsqueeze(-1)).sum(2)
+    logits = logits.masked_fill(torch.arange(length) >= visible.unsqueeze(-1), float("-inf"))
+    assert_topk_selects_the_best(out, logits, topk, visible)
+    reference = hal.reference.indexer_topk_paged(q, k_cache, w, block_table, context_lens, topk)
+    assert torch.equal((out >= 0).sum(-1), (reference >= 0).sum(-1))
+
+
+def test_indexer_topk_paged_declines_unsupported_block_sizes(npu):
+    g = seeded(7)
+    for block_size in (8, 2048):
+        block_table, context_lens = paged_layout([5], block_size, 2, g)
+        args = (randn(1, 1, 4, 128, g=g), randn(2, block_size, 128, g=g), torch.zeros(1, 1, 4), block_table,
+                context_lens, 4)
+        assert rejection("indexer_topk_paged", *args) == (
+            f"npu_lightning_indexer's PA_BSND cache needs block_size a multiple of 16 up to 1024, got {block_size}")
+        with expect_fallback("block_size a multiple of 16"):
+            hal.ops.indexer_topk_paged(*args)
+    assert npu.calls["npu_lightning_indexer"] == 0
+
+
+# -- sparse MLA attention -------------------------------------------------------------------------
+def assert_attention_close(got, want, dtype):
+    out, lse = got
+    ref_out, ref_lse = want
+    tol = {torch.bfloat16: (1.6e-2, 1e-2), torch.float16: (1e-3, 1e-3)}[dtype]
+    torch.testing.assert_close(out, ref_out, rtol=tol[0], atol=tol[1])
+    assert lse.dtype == torch.float32
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("heads,d_v,dtype", [(3, 512, torch.bfloat16), (16, 100, torch.float16),
+                                             (130, 512, torch.bfloat16)])
+def test_sparse_mla_attention_matches_the_reference(npu, heads, d_v, dtype):
+    g = seeded(8)
+    tokens, keys = 4 if heads < 100 else 2, 40
+    q, kv = randn(tokens, heads, 576, g=g, dtype=dtype, scale=0.3), randn(keys, 576, g=g, dtype=dtype, scale=0.3)
+    indices = torch.randint(-3, keys + 5, (tokens, 24), generator=g, dtype=torch.int32)  # -ve and >= S: ignored
+    indices[0, :4] = torch.tensor([7, 7, -1, 7])                    # duplicates count per occurrence
+    indices[-1] = torch.tensor([-1, keys, keys + 3, -2] * 6)         # a row with nothing valid
+    args = (q, kv, indices, 256 ** -0.5, d_v)
+    assert chosen("sparse_mla_attention", *args) == f"{EMU}.sparse_mla_attention"
+    got = hal.ops.sparse_mla_attention(*args)
+    assert got[0].shape == (tokens, heads, d_v) and got[0].dtype == dtype
+    assert_attention_close(got, hal.reference.sparse_mla_attention(*args), dtype)
+    assert bool((got[0][-1] == 0).all()) and bool(torch.isneginf(got[1][-1]).all())
+    assert npu.calls["npu_sparse_flash_attention"] == (2 if heads > 128 else 1)
+
+
+def test_sparse_mla_attention_declines_non_mla_shapes(npu):
+    g = seeded(9)
+    q, kv = randn(2, 4, 64, g=g), randn(8, 64, g=g)
+    idx = torch.zeros(2, 3, dtype=torch.int32)
+    assert rejection("sparse_mla_attention", q, kv, idx, 0.1, 32) == (
+        "npu_sparse_flash_attention runs MLA-absorb mode only: Dqk = 512 + 64, got 64")
+    q, kv = randn(2, 4, 576, g=g), randn(8, 576, g=g)
+    assert rejection("sparse_mla_attention", q, kv, idx, 0.1, 576) == (
+        "npu_sparse_flash_attention returns the 512 latent dims, d_v 576 is larger")
+    with expect_fallback("d_v 576 is larger"):
+        hal.ops.sparse_mla_attention(q, kv, idx, 0.1, 576)
+    assert npu.calls["npu_sparse_flash_attention"] == 0
+
+
+@pytest.mark.parametrize("queries,heads", [(1, 64), (2, 5)])
+def test_sparse_mla_decode_paged_matches_the_reference(npu, queries, heads):
+    g = seeded(10)
+    block_table, context_lens = paged_layout([9, 30, 0], 16, 8, g)
+    batch, topk = 3, 12
+    q = randn(batch, queries, heads, 576, g=g, scale=0.3)
+    kv_cache = randn(8, 16, 576, g=g, scale=0.3)
+    indices = torch.randint(-2, 34, (batch, queries, topk), generator=g, dtype=torch.int32)
+    args = (q, kv_cache, block_table, context_lens, indices, 256 ** -0.5, 512)
+    assert chosen("sparse_mla_decode_paged", *args) == f"{EMU}.sparse_mla_decode_paged"
+    got = hal.ops.sparse_mla_decode_paged(*args)
+    assert got[0].shape == (batch, queries, heads, 512)
+    assert_attention_close(got, hal.reference.sparse_mla_decode_paged(*args), torch.bfloat16)
+    assert bool(torch.isneginf(got[1][2]).all())  # an empty context: nothing valid
+    assert npu.calls["npu_sparse_flash_attention"] == 1
+
+
+# -- MoE -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("experts,top_k,n_group,topk_group,score_func,norm", [
+    (256, 8, 1, 1, "sigmoid", True),        # GLM-5
+    (256, 8, 8, 4, "sigmoid", True),        # DeepSeek-V3 grouping
+    (16, 3, 1, 1, "softmax", True),
+    (16, 3, 4, 2, "softmax", False),
+])
+def test_moe_route_matches_the_reference(npu, experts, top_k, n_group, topk_group, score_func, norm):
+    g = seeded(11)
+    logits, bias = randn(9, experts, g=g), torch.randn(experts, generator=g) * 0.1
+    args = (logits, bias, top_k, n_group, topk_group, 2.5, norm, score_func)
+    assert chosen("moe_route", *args) == f"{EMU}.moe_route"
+    weights, ids = hal.ops.moe_route(*args)
+    ref_weights, ref_ids = hal.reference.moe_route(*args)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    order, ref_order = ids.sort(-1), ref_ids.sort(-1)
+    assert torch.equal(order.values, ref_order.values)
+    torch.testing.assert_close(weights.gather(1, order.indices), ref_weights.gather(1, ref_order.indices))
+    assert npu.calls["npu_moe_gating_top_k"] == 1
+
+
+def test_moe_route_declines_what_the_gate_cannot_express(npu):
+    g = seeded(12)
+    assert rejection("moe_route", randn(2, 16, g=g), None, 2, 1, 1, 1.0, False, "sigmoid").startswith(
+        "npu_moe_gating_top_k always renormalises sigmoid scores")
+    assert rejection("moe_route", randn(2, 4096, g=g), None, 2, 1, 1, 1.0, True, "sigmoid") == (
+        "npu_moe_gating_top_k takes at most 2048 experts, got 4096")
+    assert rejection("moe_route", randn(2, 8, g=g), None, 2, 4, 2, 1.0, True, "sigmoid") == (
+        "npu_moe_gating_top_k needs more than 2 experts per group, got 2")
+    with expect_fallback("always renormalises sigmoid"):
+        hal.ops.moe_route(randn(2, 16, g=g), None, 2, 1, 1, 1.0, False, "sigmoid")
+    assert npu.calls["npu_moe_gating_top_k"] == 0
+
+
+@pytest.mark.parametrize("tokens,k,experts,hidden", [(7, 3, 5, 6), (16, 8, 256, 6144), (0, 2, 4, 3)])
+def test_moe_permute_and_unpermute_match_the_reference(npu, tokens, k, experts, hidden):
+    g = seeded(13)
+    x = randn(tokens, hidden, g=g)
+    ids = torch.randint(-1, experts + 2, (tokens, k), generator=g, dtype=torch.int32)  # -1, >= E dropped
+    assert chosen("moe_permute", x, ids, experts) == f"{EMU}.moe_permute"
+    got = hal.ops.moe_permute(x, ids, experts)
+    want = hal.reference.moe_permute(x, ids, experts)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    weights = torch.rand(tokens, k, generator=g)
+    y = randn(got[0].shape[0], hidden, g=g)
+    assert chosen("moe_unpermute", y, got[2], weights) == f"{EMU}.moe_unpermute"
+    torch.testing.assert_close(hal.ops.moe_unpermute(y, got[2], weights),
+                               hal.reference.moe_unpermute(y, got[2], weights))
+    assert npu.calls["npu_moe_init_routing_v2"] == (1 if tokens else 0)
+
+
+def test_moe_unpermute_adds_repeated_rows(npu):
+    g = seeded(14)
+    y, weights = randn(4, 8, g=g, dtype=torch.float32), torch.rand(2, 2, generator=g)
+    src = torch.tensor([3, 3, 0, 2], dtype=torch.int32)
+    torch.testing.assert_close(hal.ops.moe_unpermute(y, src, weights), hal.reference.moe_unpermute(y, src, weights))
+    assert npu.calls["npu_moe_finalize_routing"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_gemm_matches_the_reference(npu, dtype):
+    g = seeded(15)
+    counts = torch.tensor([3, 0, 5, 1], dtype=torch.int32)
+    x, w = randn(9, 24, g=g, dtype=dtype), randn(4, 10, 24, g=g, dtype=dtype)
+    assert chosen("grouped_gemm", x, w, counts) == f"{EMU}.grouped_gemm"
+    torch.testing.assert_close(hal.ops.grouped_gemm(x, w, counts), hal.reference.grouped_gemm(x, w, counts))
+    assert npu.calls["npu_grouped_matmul"] == 1
+
+
+def test_grouped_gemm_declines_too_many_experts(npu):
+    g = seeded(16)
+    x, w = randn(2, 4, g=g), randn(1025, 3, 4, g=g)
+    counts = torch.zeros(1025, dtype=torch.int32)
+    counts[0] = 2
+    assert rejection("grouped_gemm", x, w, counts) == (
+        "npu_grouped_matmul takes at most 1024 groups with one weight tensor, got 1025")
+
+
+# -- elementwise ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(4, 10), (2, 3, 4096), (6,)])
+def test_silu_and_mul_matches_the_reference(npu, shape):
+    x = randn(*shape, g=seeded(17))
+    assert chosen("silu_and_mul", x) == f"{EMU}.silu_and_mul"
+    torch.testing.assert_close(hal.ops.silu_and_mul(x), hal.reference.silu_and_mul(x))
+    assert npu.calls["npu_swiglu"] == 1
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_apply_rope_matches_the_reference(npu, interleaved, dtype):
+    g = seeded(18)
+    x = randn(7, 5, 64, g=g, dtype=dtype)
+    positions = torch.tensor([0, 1, 2, 17, 100, 4095, 30000], dtype=torch.int64)
+    assert chosen("apply_rope", x, positions, 1e6, interleaved) == f"{EMU}.apply_rope"
+    torch.testing.assert_close(hal.ops.apply_rope(x, positions, 1e6, interleaved),
+                               hal.reference.apply_rope(x, positions, 1e6, interleaved))
+    assert npu.calls["npu_rotary_mul"] == 1
+
+
+def test_apply_rope_declines_too_many_heads(npu):
+    x = torch.zeros(1, 1000, 4)
+    assert rejection("apply_rope", x, torch.zeros(1, dtype=torch.int32), 1e4, True) == (
+        "npu_rotary_mul needs B*N < 1000, got 1000 heads")
+
+
+def test_hadamard_transform_declines_without_the_ascend_c_kernel(npu):
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    assert rejection("hadamard_transform", x, 128 ** -0.5).startswith(
+        "Ascend C kernel not built (libglm5_hal_ascend_kernels.so not found")
+    with expect_fallback("Ascend C kernel not built"):
+        torch.testing.assert_close(hal.ops.hadamard_transform(x, 1.0), x)
+
+
+# -- quantisation --------------------------------------------------------------------------------------
+def test_fp8_block_quant_on_a_910b_is_declined_for_capability(npu):
+    x = randn(2, 256, g=seeded(19))
+    assert rejection("fp8_block_quant", x, 128, None) == (
+        "Ascend910B2 (Atlas A2 (Ascend 910B)) has no FP8 (float8_e4m3fn); FP8 needs an Ascend 950")
+    with expect_fallback("has no FP8"):
+        hal.ops.fp8_block_quant(x, 128, None)
+    assert npu.calls["npu_dynamic_block_quant"] == 0
+
+
+@pytest.mark.parametrize("shape", [(3, 256), (2, 2, 128)])
+def test_fp8_block_quant_on_a_950_matches_the_reference(npu950, shape):
+    x = randn(*shape, g=seeded(20), scale=3.0)
+    x.view(-1)[:128] = 0  # an all-zero block: the amax floor decides its scale
+    assert chosen("fp8_block_quant", x, 128, None) == f"{EMU}.fp8_block_quant"
+    q, scale = hal.ops.fp8_block_quant(x, 128, None)
+    ref_q, ref_scale = hal.reference.fp8_block_quant(x, 128, None)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == ref_scale.shape
+    torch.testing.assert_close(scale, ref_scale)
+    torch.testing.assert_close(q.float(), ref_q.float())
+    assert npu950.calls["npu_dynamic_block_quant"] == 1
+
+
+def test_fp8_block_quant_on_a_950_declines_other_blocks_and_ue8m0(npu950):
+    x = randn(2, 256, g=seeded(21))
+    assert rejection("fp8_block_quant", x, 64, None) == (
+        "npu_dynamic_block_quant quantises blocks of 128 columns only, got block 64")
+    assert rejection("fp8_block_quant", x, 128, "ue8m0") == (
+        "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
+    assert rejection("fp8_block_quant", x.float(), 128, None) == (
+        "implements fp8_block_quant for {bfloat16, float16}, not float32")
+
+
+# -- KV cache ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,dim", [(torch.bfloat16, 576), (torch.float32, 7)])
+def test_kv_cache_write_matches_the_reference(npu, dtype, dim):
+    g = seeded(22)
+    cache = randn(4, 16, dim, g=g, dtype=dtype)
+    values = randn(6, dim, g=g, dtype=dtype)
+    slots = torch.tensor([5, -1, 63, 0, -1, 17], dtype=torch.int64)
+    expected = cache.clone()
+    hal.reference.kv_cache_write(expected, values, slots)
+    assert chosen("kv_cache_write", cache, values, slots) == f"{EMU}.kv_cache_write"
+    assert hal.ops.kv_cache_write(cache, values, slots) is None
+    assert torch.equal(cache, expected)  # the whole cache: untouched slots stay untouched
+    assert npu.calls["npu_scatter_nd_update_"] == 1
+
+
+def test_kv_cache_write_of_padding_only_calls_nothing(npu):
+    cache = torch.zeros(2, 16, 8, dtype=torch.bfloat16)
+    hal.ops.kv_cache_write(cache, torch.ones(3, 8, dtype=torch.bfloat16), torch.full((3,), -1, dtype=torch.int32))
+    assert bool((cache == 0).all()) and npu.calls["npu_scatter_nd_update_"] == 0
+
+
+def test_fp8_caches_are_written_bytewise_on_a_950_and_not_offered_on_a_910b(hal_state):
+    g = seeded(23)
+    cache = torch.randn(2, 16, 128, generator=g).to(torch.float8_e4m3fn)
+    values = torch.randn(3, 128, generator=g).to(torch.float8_e4m3fn)
+    slots = torch.tensor([4, -1, 31], dtype=torch.int32)
+    expected = cache.clone()
+    hal.reference.kv_cache_write(expected, values, slots)
+    for chip in ("910B", "950"):
+        hal.reload()
+        backend = emulated(chip)
+        hal_state(as_plugin(backend), f"{EMU}_{chip}")
+        e = hal.explain("kv_cache_write", cache, values, slots)
+        if chip == "910B":
+            assert dict(e.rejected)[f"{EMU}.kv_cache_write"].startswith(
+                "device Ascend910B2 does not support float8_e4m3fn")
+        else:
+            assert e.chosen == f"{EMU}.kv_cache_write"
+            hal.ops.kv_cache_write(cache, values, slots)
+            assert torch.equal(cache.view(torch.int8), expected.view(torch.int8))
+        hal.unload_plugin(f"{EMU}_{chip}")
+
+
+def test_indexer_k_cache_write_on_a_950_matches_the_reference(npu950):
+    g = seeded(24)
+    k = randn(5, 128, g=g, scale=2.0)
+    k[2] = 0  # the amax floor
+    k_cache = torch.zeros(3, 16, 128, dtype=torch.float8_e4m3fn)
+    k_scale = torch.full((3, 16), -1.0)
+    slots = torch.tensor([7, -1, 40, 0, 33], dtype=torch.int32)
+    want_cache, want_scale = k_cache.clone(), k_scale.clone()
+    hal.reference.indexer_k_cache_write(k, want_cache, want_scale, slots, None)
+    args = (k, k_cache, k_scale, slots, None)
+    assert chosen("indexer_k_cache_write", *args) == f"{EMU}.indexer_k_cache_write"
+    hal.ops.indexer_k_cache_write(*args)
+    torch.testing.assert_close(k_scale, want_scale)
+    torch.testing.assert_close(k_cache.float(), want_cache.float())
+    assert npu950.calls["npu_dynamic_block_quant"] == 1 and npu950.calls["npu_scatter_nd_update_"] == 2
+
+
+def test_indexer_k_cache_write_declines_without_fp8_or_off_block(npu, hal_state):
+    g = seeded(25)
+    k, slots = randn(2, 128, g=g), torch.tensor([0, 1], dtype=torch.int32)
+    k_cache, k_scale = torch.zeros(1, 16, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 16)
+    assert rejection("indexer_k_cache_write", k, k_cache, k_scale, slots, None).endswith(
+        "has no FP8 (float8_e4m3fn); FP8 needs an Ascend 950")
+    hal.unload_plugin(EMU)
+    hal_state(as_plugin(emulated("950")), f"{EMU}950")
+    e = hal.explain("indexer_k_cache_write", randn(2, 64, g=g), torch.zeros(1, 16, 64, dtype=torch.float8_e4m3fn),
+                    k_scale, slots, "ue8m0")
+    assert dict(e.rejected)[f"{EMU}.indexer_k_cache_write"] == (
+        "npu_dynamic_block_quant quantises blocks of 128 columns only, the key rows have D = 64")
+
+
+class FakeKernels:
+    """Stands in for the compiled Ascend C library (which cannot be built here), to check the
+    adapter's side of the call: row layout, dtype, scale and the stream handle it passes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def missing(self):
+        return None
+
+    def status(self):
+        return "fake"
+
+    def hadamard(self, x, out, scale, stream):
+        self.calls.append((tuple(x.shape), x.dtype, x.is_contiguous(), stream))
+        y = x.double()
+        h = 1
+        while h < x.shape[1]:  # butterflies, written out independently of the reference
+            y = y.view(x.shape[0], -1, 2, h)
+            y = torch.stack((y[:, :, 0] + y[:, :, 1], y[:, :, 0] - y[:, :, 1]), dim=2)
+            h *= 2
+        out.copy_((y.reshape(x.shape) * scale).to(out.dtype))
+
+
+def test_hadamard_transform_adapter_hands_rows_and_the_stream_to_the_kernel(hal_state):
+    backend = emulated()
+    backend.kernels = FakeKernels()
+    hal_state(as_plugin(backend), EMU)
+    x = randn(2, 3, 128, g=seeded(26)).transpose(0, 1)  # non-contiguous
+    assert chosen("hadamard_transform", x, 128 ** -0.5) == f"{EMU}.hadamard_transform"
+    torch.testing.assert_close(hal.ops.hadamard_transform(x, 128 ** -0.5),
+                               hal.reference.hadamard_transform(x, 128 ** -0.5))
+    assert backend.kernels.calls == [((6, 128), torch.bfloat16, True, 0x5151)]
+    assert rejection("hadamard_transform", torch.zeros(2, 8), 1.0) == (
+        "the Ascend C Hadamard kernel takes D in [16, 8192], got 8")
+
+
+def test_causal_runs_split_ranges_into_vendor_batches():
+    from glm5_hal.backends.ascend.ops import causal_runs
+    # packed prefill of 3 + 2 tokens, then two decode-like tokens over one range, then an
+    # empty range and two unrelated ranges
+    starts = [0, 0, 0, 3, 3, 0, 0, 4, 2, 2]
+    ends = [1, 2, 3, 4, 5, 9, 9, 4, 6, 3]
+    assert causal_runs(starts, ends) == [(0, 3, 0, 3, 3), (3, 5, 3, 2, 3), (5, 7, 0, 9, 0), (8, 9, 2, 4, 3),
+                                         (9, 10, 2, 1, 3)]
+
+
+# -- the conformance suite over the emulated backend -----------------------------------------------
+@pytest.mark.parametrize("chip", ["910B", "950"])
+def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, chip):
+    """Every case of every op the adapters implement: passes, or is declined by the adapter
+    (a vendor constraint or an undeclared dtype, shown as `fallback` with the reason), and
+    every op passes at least one case. Nothing fails or errors."""
+    from glm5_hal.conformance import cases, plan, run_all
+    backend = emulated(chip)
+    hal_state(as_plugin(backend), EMU)
+    ops = [op for op in sorted(backend.impls) if op in cases.ops_with_cases()]
+    assert "rms_norm" in ops
+    records = run_all(plan([EMU], ops, ["tiny"]))
+    broken = [(r.case, r.status, r.reason) for r in records if r.status not in ("pass", "fallback")]
+    assert not broken
+    declined_by_supports = [r for r in records if r.status == "fallback" and "supports() raised" in r.reason]
+    assert not declined_by_supports
+    passed = {r.op for r in records if r.status == "pass"}
+    assert passed == {r.op for r in records if r.op not in backend_only_declines(backend, chip)}, passed
+    assert all(r.impl == f"{EMU}.{r.op}" for r in records if r.status == "pass")
+
+
+def backend_only_declines(backend, chip):
+    """Ops this chip's adapters decline for every input (FP8 needs a 950; the Ascend C kernel
+    is not built here)."""
+    ops = {"hadamard_transform"}
+    if chip != "950":
+        ops |= {"fp8_block_quant", "indexer_k_cache_write"}
+    return ops
