@@ -35,10 +35,11 @@ _EXPORTS = {
     "BackendUnavailableError": "glm5_hal.errors",
     "PluginError": "glm5_hal.errors",
 }
-_SUBMODULES = ("backends", "ops", "reference", "kv", "dist", "conformance", "bench", "models", "registry",
+_SUBMODULES = ("backends", "ops", "presets", "vendors", "reference", "kv", "dist", "conformance", "bench", "models", "registry",
                "plugins", "errors", "checks", "backend")
 
-__all__ = sorted(_EXPORTS) + ["backends", "ops", "reference", "__version__"]
+__all__ = sorted(_EXPORTS) + ["backends", "ops", "reference", "kv", "dist", "conformance",
+                              "presets", "__version__"]
 
 
 def __getattr__(name: str):
