@@ -3,6 +3,10 @@
 // glm5_hal.errors.InvalidInputError.
 #include <pybind11/pybind11.h>
 
+#include "kv.h"
+#include "moe.h"
+#include "quant.h"
+#include "vec.h"
 #include "common_ops.h"
 
 namespace py = pybind11;
@@ -37,6 +41,15 @@ PYBIND11_MODULE(_C, m) {
   m.attr("has_openmp") = false;
 #endif
 
+  // Argument order of the kernels below: outputs, then inputs as (pointer, sizes..., strides...)
+  // with strides in elements unless named *_bytes, dtype codes as glm5::DType ints, scalars,
+  // and the thread count last.
+
+  // ---- common ----
+  m.def("vec_isa", &glm5::vec::isa, "row-kernel tier in use: 0 portable, 1 AVX2, 2 AVX-512");
+  m.def("vec_max_isa", &glm5::vec::max_isa, "best row-kernel tier this CPU supports");
+  m.def("vec_set_isa_limit", &glm5::vec::set_isa_limit, py::arg("limit"),
+        "cap the row-kernel tier (tests); returns the previous cap");
   m.def("rms_norm",
         [](uintptr_t out, uintptr_t x, uintptr_t w, int64_t rows, int64_t dim, int64_t xs,
            int64_t os, float eps, int xd, int wd, int nt) {
@@ -44,4 +57,88 @@ PYBIND11_MODULE(_C, m) {
                          eps, dt(xd), dt(wd), nt);
         },
         py::call_guard<py::gil_scoped_release>());
+  m.def("silu_and_mul",
+        [](uintptr_t out, uintptr_t x, int64_t rows, int64_t n, int64_t xs, int64_t os, int d, int nt) {
+          glm5::silu_and_mul(ptr<void>(out), ptr<const void>(x), rows, n, xs, os, dt(d), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("apply_rope",
+        [](uintptr_t out, uintptr_t x, uintptr_t pos, int pd, int64_t tokens, int64_t heads, int64_t rot,
+           int64_t xts, int64_t xhs, int64_t ots, int64_t ohs, double theta, bool interleaved, int d, int nt) {
+          glm5::apply_rope(ptr<void>(out), ptr<const void>(x), ptr<const void>(pos), dt(pd), tokens, heads, rot,
+                           xts, xhs, ots, ohs, theta, interleaved, dt(d), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("hadamard_transform",
+        [](uintptr_t out, uintptr_t x, int64_t rows, int64_t dim, int64_t xs, int64_t os, float scale, int d,
+           int nt) {
+          glm5::hadamard_transform(ptr<void>(out), ptr<const void>(x), rows, dim, xs, os, scale, dt(d), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  // ---- end common ----
+
+  // ---- moe ----
+  m.def("moe_permute_plan",
+        [](uintptr_t tokens_per_expert, uintptr_t src, uintptr_t ids, int64_t tokens, int64_t k,
+           int64_t ids_row_stride, int64_t num_experts) {
+          return glm5::moe_permute_plan(ptr<int32_t>(tokens_per_expert), ptr<int32_t>(src),
+                                        ptr<const int32_t>(ids), tokens, k, ids_row_stride, num_experts);
+        },
+        py::call_guard<py::gil_scoped_release>(), "returns M, the number of valid entries");
+  m.def("moe_permute_gather",
+        [](uintptr_t x_perm, uintptr_t x, int64_t tokens, int64_t row_bytes, int64_t x_row_stride_bytes,
+           uintptr_t src, int64_t rows, int64_t k, int nt) {
+          glm5::moe_permute_gather(ptr<void>(x_perm), ptr<const void>(x), tokens, row_bytes, x_row_stride_bytes,
+                                   ptr<const int32_t>(src), rows, k, nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("moe_unpermute",
+        [](uintptr_t out, uintptr_t y, int64_t rows, int64_t dim, int64_t ys, uintptr_t src, uintptr_t weights,
+           int64_t tokens, int64_t k, int d, int nt) {
+          glm5::moe_unpermute(ptr<void>(out), ptr<const void>(y), rows, dim, ys, ptr<const int32_t>(src),
+                              ptr<const float>(weights), tokens, k, dt(d), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  // ---- end moe ----
+
+  // ---- kv ----
+  m.def("kv_cache_write",
+        [](uintptr_t cache, int64_t num_slots, int64_t row_bytes, uintptr_t values, int64_t values_row_stride_bytes,
+           int64_t tokens, uintptr_t slots, int sd, int nt) {
+          glm5::kv_cache_write(ptr<void>(cache), num_slots, row_bytes, ptr<const void>(values),
+                               values_row_stride_bytes, tokens, ptr<const void>(slots), dt(sd), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("indexer_k_cache_write",
+        [](uintptr_t k, int64_t tokens, int64_t dim, int64_t ks, int kd, uintptr_t k_cache, uintptr_t k_scale,
+           int64_t num_slots, uintptr_t slots, int sd, bool ue8m0, int nt) {
+          glm5::indexer_k_cache_write(ptr<const void>(k), tokens, dim, ks, dt(kd), ptr<uint8_t>(k_cache),
+                                      ptr<float>(k_scale), num_slots, ptr<const void>(slots), dt(sd), ue8m0, nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("kv_cache_gather_rows",
+        [](uintptr_t context_lens, int64_t batch, int64_t max_blocks, int64_t block_size) {
+          return glm5::kv_cache_gather_rows(ptr<const int32_t>(context_lens), batch, max_blocks, block_size);
+        },
+        py::call_guard<py::gil_scoped_release>(), "validates context_lens and returns their sum");
+  m.def("kv_cache_gather",
+        [](uintptr_t out, int64_t out_rows, uintptr_t cache, int64_t num_blocks, int64_t block_size,
+           int64_t row_bytes, uintptr_t block_table, int64_t batch, int64_t max_blocks, int64_t bt_stride,
+           uintptr_t context_lens, int nt) {
+          glm5::kv_cache_gather(ptr<void>(out), out_rows, ptr<const void>(cache), num_blocks, block_size, row_bytes,
+                                ptr<const int32_t>(block_table), batch, max_blocks, bt_stride,
+                                ptr<const int32_t>(context_lens), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  // ---- end kv ----
+
+  // ---- quant ----
+  m.def("fp8_block_quant",
+        [](uintptr_t q, uintptr_t scale, uintptr_t x, int64_t rows, int64_t cols, int64_t xs, int64_t block,
+           bool ue8m0, int d, int nt) {
+          glm5::fp8_block_quant(ptr<uint8_t>(q), ptr<float>(scale), ptr<const void>(x), rows, cols, xs, block, ue8m0,
+                                dt(d), nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  // ---- end quant ----
 }

@@ -124,4 +124,29 @@ inline void require(bool ok, const char* op, const char* arg, const std::string&
 
 inline int clamp_threads(int n) { return n < 1 ? 1 : n; }
 
+inline bool is_float(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
+
+// Bytes per element; 0 for an unknown code.
+inline int64_t elem_size(DType d) {
+  switch (d) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::F8E4M3: return 1;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+inline std::string str(int64_t v) { return std::to_string(v); }
+
+inline void require_float(DType d, const char* op, const char* arg) {
+  require(is_float(d), op, arg, "dtype float32, float16 or bfloat16", "dtype code " + str(static_cast<int>(d)));
+}
+
+// Threads for `work` elements of cheap per-element work: one below ~64K elements, where
+// waking a team costs more than it saves.
+inline int threads_for(int64_t work, int num_threads) {
+  return work < 65536 ? 1 : clamp_threads(num_threads);
+}
+
 }  // namespace glm5

@@ -1,5 +1,7 @@
-"""Python wrappers of the native kernels: inputs are already validated by glm5_hal.ops;
-these make layouts kernel-ready, allocate outputs with torch and pass data pointers."""
+"""Python wrappers of the native elementwise kernels (OPS.md section 2): inputs are already
+validated by glm5_hal.ops; these make layouts kernel-ready (copying only what the kernel
+cannot address), allocate outputs with torch and pass data pointers. Kept lean: every line
+here is paid on every call."""
 from __future__ import annotations
 
 import torch
@@ -15,6 +17,7 @@ _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
 # glm5::DType codes (csrc/core.h)
 DTYPE_CODE = {_F32: 0, _F16: 1, _BF16: 2, torch.float8_e4m3fn: 3, torch.int32: 4, torch.int64: 5}
 FLOATS = (_F32, _F16, _BF16)
+_threads = torch.get_num_threads
 
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
@@ -28,9 +31,42 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
 @cpu.impl("rms_norm", dtypes=FLOATS)
 def rms_norm(x, weight, eps):
     x2 = rows_view(x)
-    w = weight.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
     out = torch.empty(x2.shape, dtype=x.dtype)
     _C.rms_norm(out.data_ptr(), x2.data_ptr(), w.data_ptr(), x2.shape[0], x2.shape[1],
-                x2.stride(0), out.stride(0), float(eps), DTYPE_CODE[x.dtype],
-                DTYPE_CODE[w.dtype], torch.get_num_threads())
+                x2.stride(0), x2.shape[1], float(eps), DTYPE_CODE[x.dtype],
+                DTYPE_CODE[w.dtype], _threads())
+    return out.view(x.shape)
+
+
+@cpu.impl("silu_and_mul", dtypes=FLOATS)
+def silu_and_mul(x):
+    x2 = rows_view(x)
+    n = x2.shape[1] // 2
+    out = torch.empty((x2.shape[0], n), dtype=x.dtype)
+    _C.silu_and_mul(out.data_ptr(), x2.data_ptr(), x2.shape[0], n, x2.stride(0), n,
+                    DTYPE_CODE[x.dtype], _threads())
+    return out.view(*x.shape[:-1], n)
+
+
+@cpu.impl("apply_rope", dtypes=FLOATS)
+def apply_rope(x, positions, theta, interleaved=True):
+    if x.stride(2) != 1:
+        x = x.contiguous()
+    if not positions.is_contiguous():
+        positions = positions.contiguous()
+    t, h, r = x.shape
+    out = torch.empty((t, h, r), dtype=x.dtype)
+    _C.apply_rope(out.data_ptr(), x.data_ptr(), positions.data_ptr(), DTYPE_CODE[positions.dtype],
+                  t, h, r, x.stride(0), x.stride(1), h * r, r, float(theta), interleaved,
+                  DTYPE_CODE[x.dtype], _threads())
+    return out
+
+
+@cpu.impl("hadamard_transform", dtypes=FLOATS)
+def hadamard_transform(x, scale):
+    x2 = rows_view(x)
+    out = torch.empty(x2.shape, dtype=x.dtype)
+    _C.hadamard_transform(out.data_ptr(), x2.data_ptr(), x2.shape[0], x2.shape[1], x2.stride(0),
+                          x2.shape[1], float(scale), DTYPE_CODE[x.dtype], _threads())
     return out.view(x.shape)
