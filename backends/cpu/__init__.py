@@ -25,7 +25,9 @@ class CpuBackend(Backend):
                                   f"OpenMP {'on' if _C.has_openmp else 'off'})")
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(dist_backend="gloo", device_name=platform.processor() or platform.machine())
+        # float8_e4m3fn: the KV ops store FP8 caches byte for byte (no FP8 arithmetic needed)
+        return Capabilities(dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn}),
+                            dist_backend="gloo", device_name=platform.processor() or platform.machine())
 
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "python": platform.python_version()}

@@ -1,0 +1,178 @@
+"""The cpu backend's MoE ops: native moe_permute / moe_unpermute (bit-exact permutation,
+float32 accumulation), torch-backed moe_route and grouped_gemm, against the reference;
+invalid indices raise InvalidInputError from the native code itself, before any write."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import glm5_hal as hal
+from glm5_hal import InvalidInputError, _C
+
+from cpu_helpers import FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, reference, tier  # noqa: F401
+
+
+def routed(tokens, k, experts, g, *, invalid=0.0, duplicates=False):
+    """ids [T, k]: distinct experts per token, a fraction `invalid` replaced by -1 or >= E."""
+    if experts >= k and not duplicates:
+        ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]) if tokens else \
+            torch.zeros(0, k, dtype=torch.int64)
+    else:
+        ids = torch.randint(0, experts, (tokens, k), generator=g)
+    if invalid:
+        drop = torch.rand(tokens, k, generator=g) < invalid
+        ids[drop] = torch.where(torch.rand(int(drop.sum()), generator=g) < 0.5, -1, experts + 3)
+    return ids.to(torch.int32)
+
+
+def check_permute(x, ids, experts):
+    xp, tpe, src = hal.ops.moe_permute(x, ids, experts)
+    rp, rtpe, rsrc = hal.reference.moe_permute(x, ids, experts)
+    assert torch.equal(tpe, rtpe) and torch.equal(src, rsrc)
+    assert xp.dtype == x.dtype and torch.equal(xp, rp)  # a permutation: bit-exact
+    return xp, tpe, src
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("tokens,k,experts,dim", [(1, 1, 1, 1), (17, 3, 8, 129), (64, 8, 256, 64), (5, 8, 4, 33)])
+def test_permute_and_unpermute_match_reference(tier, dtype, tokens, k, experts, dim):
+    g = gen("moe", tokens, k, experts, dim, str(dtype), tier)
+    x = torch.randn(tokens, dim, generator=g).to(dtype)
+    ids = routed(tokens, k, experts, g, invalid=0.2)
+    assert chosen("moe_permute", x, ids, experts) == "cpu.moe_permute"
+    xp, tpe, src = check_permute(x, ids, experts)
+    y = (xp.float() * 1.5 - 0.25).to(dtype)
+    w = torch.rand(tokens, k, generator=g)
+    assert chosen("moe_unpermute", y, src, w) == "cpu.moe_unpermute"
+    assert_close(hal.ops.moe_unpermute(y, src, w), reference("moe_unpermute", y, src, w), dtype, widen=2)
+
+
+def test_permute_edge_cases():
+    g = gen("moe-edges")
+    x = torch.randn(6, 16, generator=g)
+    check_permute(x, torch.full((6, 2), -1, dtype=torch.int32), 4)                    # nothing valid: M = 0
+    check_permute(x, torch.full((6, 2), 2, dtype=torch.int32), 4)                     # one expert, zero-row others
+    check_permute(x, torch.tensor([[1, 1]] * 6, dtype=torch.int32), 4)                 # same expert twice per token
+    check_permute(x, torch.tensor([[5, 2**31 - 1]] * 6, dtype=torch.int32), 4)         # experts of another rank
+    check_permute(torch.randn(0, 16), torch.zeros(0, 3, dtype=torch.int32), 4)         # empty batch
+    check_permute(x[:, ::2], routed(6, 2, 4, g), 4)                                    # strided x
+    check_permute(torch.randn(16, 6, generator=g).t(), routed(6, 2, 4, g), 4)          # transposed x
+    check_permute(x, routed(6, 4, 8, g).t().contiguous().t(), 8)                       # column-major ids
+    check_permute(torch.randn(1, 8).expand(6, 8), routed(6, 2, 4, g), 4)               # row stride 0
+
+
+def test_unpermute_several_rows_per_slot_and_tokens_without_rows(tier):
+    g = gen("moe-dups", tier)
+    y = torch.randn(7, 40, generator=g)
+    src = torch.tensor([0, 0, 5, 1, 5, 5, 4], dtype=torch.int32)  # T=3, k=2: token 1 (slots 2, 3) gets none
+    w = torch.rand(3, 2, generator=g)
+    out = hal.ops.moe_unpermute(y, src, w)
+    assert_close(out, reference("moe_unpermute", y, src, w), torch.float32, widen=2)
+    assert (out[1] == 0).all()
+    assert hal.ops.moe_unpermute(torch.randn(0, 40), torch.zeros(0, dtype=torch.int32), w).abs().sum() == 0
+
+
+def test_unpermute_inverts_permute_with_unit_weights():
+    g = gen("moe-roundtrip")
+    x = torch.randn(33, 64, generator=g).bfloat16()
+    ids = routed(33, 8, 256, g)
+    xp, _, src = hal.ops.moe_permute(x, ids, 256)
+    out = hal.ops.moe_unpermute(xp, src, torch.full((33, 8), 0.125))
+    torch.testing.assert_close(out, x, rtol=0, atol=0)  # 8 * x / 8 is exact in float32, x in bf16
+
+
+def test_native_permute_rejects_inconsistent_arguments():
+    x = torch.randn(4, 8)
+    ids = torch.tensor([[0, 1]] * 4, dtype=torch.int32)
+    tpe, src = torch.full((4,), -7, dtype=torch.int32), torch.full((8,), -7, dtype=torch.int32)
+    bad_plans = [(-1, 2, 2, 4), (4, 0, 2, 4), (4, 2, -1, 4), (4, 2, 2, 0), (2**31, 2, 2, 4)]
+    for tokens, k, stride, experts in bad_plans:
+        with pytest.raises(InvalidInputError):
+            _C.moe_permute_plan(tpe.data_ptr(), src.data_ptr(), ids.data_ptr(), tokens, k, stride, experts)
+        assert (tpe == -7).all() and (src == -7).all()
+    out = torch.full((3, 8), 9.0)
+    for bad_src in ([0, 8, 1], [0, -1, 1], [2**31 - 1, 0, 0]):
+        s = torch.tensor(bad_src, dtype=torch.int32)
+        with pytest.raises(InvalidInputError, match="src"):
+            _C.moe_permute_gather(out.data_ptr(), x.data_ptr(), 4, 32, 32, s.data_ptr(), 3, 2, 1)
+        assert (out == 9.0).all()
+    with pytest.raises(InvalidInputError):
+        _C.moe_permute_gather(out.data_ptr(), x.data_ptr(), 4, 32, -32, src.data_ptr(), 0, 2, 1)
+
+
+def test_native_unpermute_rejects_out_of_range_src_before_writing():
+    y = torch.randn(3, 8)
+    w = torch.rand(2, 2)
+    out = torch.full((2, 8), 5.0)
+    for bad in ([0, 4, 1], [-1, 0, 1], [3, 2, 2**31 - 1]):
+        s = torch.tensor(bad, dtype=torch.int32)
+        with pytest.raises(InvalidInputError, match="src"):
+            _C.moe_unpermute(out.data_ptr(), y.data_ptr(), 3, 8, 8, s.data_ptr(), w.data_ptr(), 2, 2, 0, 1)
+        assert (out == 5.0).all()
+        # the backend function alone (no glm5_hal.ops checks in front) raises too
+        with pytest.raises(InvalidInputError):
+            cpu_impl("moe_unpermute")(y, s, w)
+    ok = torch.tensor([0, 1, 2], dtype=torch.int32)
+    for args in [(3, 8, 8, ok.data_ptr(), w.data_ptr(), 2, 0, 0, 1),    # k = 0
+                 (3, 8, -1, ok.data_ptr(), w.data_ptr(), 2, 2, 0, 1),   # stride < 0
+                 (3, 8, 8, ok.data_ptr(), w.data_ptr(), 2, 2, 5, 1),    # int64 code as y dtype
+                 (-3, 8, 8, ok.data_ptr(), w.data_ptr(), 2, 2, 0, 1)]:  # M < 0
+        with pytest.raises(InvalidInputError):
+            _C.moe_unpermute(out.data_ptr(), y.data_ptr(), *args)
+        assert (out == 5.0).all()
+
+
+def test_public_op_rejects_bad_src():
+    with pytest.raises(InvalidInputError, match="src"):
+        hal.ops.moe_unpermute(torch.randn(2, 4), torch.tensor([0, 9], dtype=torch.int32), torch.rand(2, 2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 20), k=st.integers(1, 9), experts=st.integers(1, 40), dim=st.integers(1, 140),
+       dtype=st.sampled_from(FLOATS), tier_=st.sampled_from(TIERS), seed=st.integers(0, 2**31 - 1),
+       lo=st.integers(-3, 0), hi_extra=st.integers(0, 3))
+def test_property_permute_unpermute(tokens, k, experts, dim, dtype, tier_, seed, lo, hi_extra):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(lo, experts + hi_extra, (tokens, k), generator=g, dtype=torch.int32)  # -1s, >= E, repeats
+    x = torch.randn(tokens, dim, generator=g).to(dtype)
+    with isa_limit(tier_):
+        xp, tpe, src = cpu_impl("moe_permute")(x, ids, experts)
+        rp, rtpe, rsrc = hal.reference.moe_permute(x, ids, experts)
+        assert torch.equal(xp, rp) and torch.equal(tpe, rtpe) and torch.equal(src, rsrc)
+        w = torch.randn(tokens, k, generator=g)
+        assert_close(cpu_impl("moe_unpermute")(xp, src, w), reference("moe_unpermute", xp, src, w), dtype, widen=4)
+        if tokens:
+            bad = src.clone() if src.numel() else torch.zeros(1, dtype=torch.int32)
+            bad[torch.randint(0, bad.numel(), (1,), generator=g)] = tokens * k + int(torch.randint(0, 5, (1,)))
+            yb = torch.randn(bad.numel(), dim).to(dtype)
+            with pytest.raises(InvalidInputError):
+                cpu_impl("moe_unpermute")(yb, bad, w)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_grouped_gemm_matches_reference(dtype):
+    g = gen("gg", str(dtype))
+    counts = torch.tensor([3, 0, 17, 1, 0, 9], dtype=torch.int32)   # zero-row experts included
+    x = torch.randn(int(counts.sum()), 40, generator=g).to(dtype)
+    w = torch.randn(6, 24, 40, generator=g).to(dtype)
+    assert chosen("grouped_gemm", x, w, counts) == "cpu.grouped_gemm"
+    assert_close(hal.ops.grouped_gemm(x, w, counts), reference("grouped_gemm", x, w, counts), dtype, widen=4)
+    empty = hal.ops.grouped_gemm(torch.randn(0, 40).to(dtype), w, torch.zeros(6, dtype=torch.int32))
+    assert empty.shape == (0, 24)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("n_group,topk_group,score_func", [(1, 1, "sigmoid"), (8, 4, "sigmoid"), (1, 1, "softmax")])
+def test_moe_route_matches_reference(dtype, n_group, topk_group, score_func):
+    g = gen("route", str(dtype), n_group, score_func)
+    logits = torch.randn(19, 256, generator=g).to(dtype)
+    bias = torch.randn(256, generator=g) * 0.1
+    args = (logits, bias, 8, n_group, topk_group, 2.5, True, score_func)
+    assert chosen("moe_route", *args) == "cpu.moe_route"
+    w, ids = hal.ops.moe_route(*args)
+    rw, rids = hal.reference.moe_route(*args)   # same float32 scores: same selection
+    assert torch.equal(ids.sort(-1).values, rids.sort(-1).values)
+    torch.testing.assert_close(w.gather(1, ids.sort(-1).indices), rw.gather(1, rids.sort(-1).indices))
+    w2, _ = hal.ops.moe_route(logits, None, 8, n_group, topk_group, 1.0, False, score_func)
+    assert w2.dtype == torch.float32
