@@ -33,6 +33,7 @@ void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_
   const int64_t xe = elem_size(x_dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
+  advise_fresh_output(ob, rows * out_row_stride * xe);
   const int nt = threads_for(rows * dim, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -58,6 +59,7 @@ void silu_and_mul(void* out, const void* x, int64_t rows, int64_t n, int64_t x_r
   const int64_t es = elem_size(dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
+  advise_fresh_output(ob, rows * out_row_stride * es);
   const int nt = threads_for(rows * n, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -96,6 +98,7 @@ void apply_rope(void* out, const void* x, const void* positions, DType positions
   const int64_t es = elem_size(dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
+  advise_fresh_output(ob, tokens * out_token_stride * es);
   const int nt = threads_for(tokens * heads * rot_dim, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -130,6 +133,7 @@ void hadamard_transform(void* out, const void* x, int64_t rows, int64_t dim, int
   const int64_t es = elem_size(dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
+  advise_fresh_output(ob, rows * out_row_stride * es);
   const int nt = threads_for(rows * dim * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {

@@ -132,6 +132,7 @@ void kv_cache_gather(void* out, int64_t out_rows, const void* cache, int64_t num
   if (total == 0 || row_bytes == 0) return;
   const char* cb = static_cast<const char*>(cache);
   char* ob = static_cast<char*>(out);
+  advise_fresh_output(ob, total * row_bytes);
   const int64_t nchunks = static_cast<int64_t>(chunks.size());
   const int nt = threads_for(total * row_bytes / 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)

@@ -69,6 +69,7 @@ void moe_permute_gather(void* x_perm, const void* x, int64_t tokens, int64_t row
   if (rows == 0 || row_bytes == 0) return;
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(x_perm);
+  advise_fresh_output(ob, rows * row_bytes);
   const int nt = threads_for(rows * row_bytes / 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; ++r)
@@ -97,16 +98,32 @@ void moe_unpermute(void* out, const void* y, int64_t rows, int64_t dim, int64_t 
     std::vector<int32_t> fill(start.begin(), start.end() - 1);
     for (int64_t r = 0; r < rows; ++r) order[fill[src[r]]++] = static_cast<int32_t>(r);
   }
+  bool one_row_per_slot = true;
+  for (int64_t s = 0; s < slots && one_row_per_slot; ++s) one_row_per_slot = start[s + 1] - start[s] <= 1;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = elem_size(dtype);
   const char* yb = static_cast<const char*>(y);
   char* ob = static_cast<char*>(out);
+  advise_fresh_output(ob, tokens * dim * es);
   const int nt = threads_for((rows + tokens) * dim, num_threads);
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> acc(static_cast<size_t>(dim)), slot_acc(static_cast<size_t>(dim));
+    std::vector<const void*> row_ptrs(static_cast<size_t>(k));
+    std::vector<float> row_w(static_cast<size_t>(k));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
+      if (one_row_per_slot) {
+        int64_t n = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t s = t * k + j;
+          if (start[s] == start[s + 1]) continue;
+          row_ptrs[n] = yb + static_cast<int64_t>(order[start[s]]) * y_row_stride * es;
+          row_w[n++] = weights[s];
+        }
+        K.weighted_sum(dtype, row_ptrs.data(), row_w.data(), n, dim, ob + t * dim * es);
+        continue;
+      }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < k; ++j) {
         const int64_t s = t * k + j;

@@ -26,6 +26,7 @@ void fp8_block_quant(uint8_t* q, float* scale, const void* x, int64_t rows, int6
   const int64_t es = elem_size(dtype);
   const int64_t blocks = cols / block;
   const char* xb = static_cast<const char*>(x);
+  advise_fresh_output(q, rows * cols);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {

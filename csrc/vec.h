@@ -30,6 +30,9 @@ struct Kernels {
   void (*store)(DType dtype, const float* src, int64_t n, void* dst);
   // acc[i] += a * float(y[i]) for a float dtype.
   void (*accumulate)(DType dtype, const void* y, float a, int64_t n, float* acc);
+  // out[i] = dtype(sum over r < nrows, in order, of w[r] * float(rows[r][i])), i < n; all rows
+  // and out of one float dtype; nrows = 0 writes zeros. The sums stay in registers.
+  void (*weighted_sum)(DType dtype, const void* const* rows, const float* w, int64_t nrows, int64_t n, void* out);
   float (*sum_squares)(const float* x, int64_t n);
   float (*abs_max)(const float* x, int64_t n);
   // x[i] = x[i] * s * w[i]
