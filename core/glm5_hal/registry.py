@@ -51,6 +51,8 @@ class OpDef:
     check: metadata validation `check(*args)`: shapes, dtypes, devices, scalar ranges. Must
         work on fake tensors (it also runs at trace time). Raises InvalidInputError.
     check_values: data-dependent validation (index ranges), eager calls only; None if none.
+        Skipped on calls that go straight to an implementation declared with
+        `validates_values=True` (its kernel raises the same errors itself, before any write).
     fake: the fake (meta) implementation, `fake(*args)` with canonical args.
     dispatch_arg: name of the argument whose device type and dtype key the decision.
     key_extra: optional `key_extra(*args) -> tuple` of further decision-relevant facts
@@ -396,15 +398,15 @@ class Op:
 
     def dispatch(self, args: tuple) -> Any:
         self._check(*args)
-        if self._check_values is not None:
-            self._check_values(*args)
         a = args[self._dispatch_index]
         key = (a.device.type, a.dtype, _PIN.get())
         if self._key_extra is not None:
             key += self._key_extra(*args)
-        fn = self._direct.get(key)
+        fn = self._direct.get(key)  # runs check_values first unless the kernel validates itself
         if fn is not None:
             return fn(*args)
+        if self._check_values is not None:
+            self._check_values(*args)
         return self._dispatch_slow(key, args)
 
     def _dispatch_slow(self, key: tuple, args: tuple) -> Any:
@@ -424,7 +426,10 @@ class Op:
             first = decision.candidates[0]
             if first.supports is None and not (decision.static_rejections and decision.vendor_available
                                                 and first.backend.name == REFERENCE):
-                self._direct[key] = first.fn
+                fn = first.fn
+                if self._check_values is not None and not first.validates_values:
+                    fn = _values_checked(self._check_values, fn)
+                self._direct[key] = fn
             self._decisions[key] = decision
         return decision
 
@@ -484,6 +489,13 @@ class Op:
             backward, setup_context = opdef.autograd or _reference_vjp(opdef)
             torch.library.register_autograd(qualname, backward, setup_context=setup_context,
                                             lib=_LIBRARY)
+
+
+def _values_checked(check_values: Callable[..., None], fn: Callable) -> Callable:
+    def checked(*args: Any) -> Any:
+        check_values(*args)
+        return fn(*args)
+    return checked
 
 
 def _select(decision: _Decision, args: tuple) -> tuple[Impl, list[tuple[Backend, str]]]:
