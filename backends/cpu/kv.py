@@ -13,7 +13,9 @@ from .ops import _C, DTYPE_CODE, FLOATS, _threads
 _UE8M0 = "ue8m0"
 
 
-@cpu.impl("kv_cache_write", dtypes=CACHE_DTYPES)
+# validates_values: the kernels check slots (range, repeats), lengths and block ids themselves,
+# before writing anything (csrc/kv.cpp).
+@cpu.impl("kv_cache_write", dtypes=CACHE_DTYPES, validates_values=True)
 def kv_cache_write(cache, values, slot_mapping):
     dim = values.shape[1]
     if dim > 1 and values.stride(1) != 1:
@@ -26,7 +28,7 @@ def kv_cache_write(cache, values, slot_mapping):
                       DTYPE_CODE[slot_mapping.dtype], _threads())
 
 
-@cpu.impl("indexer_k_cache_write", dtypes=FLOATS)
+@cpu.impl("indexer_k_cache_write", dtypes=FLOATS, validates_values=True)
 def indexer_k_cache_write(k, k_cache, k_scale, slot_mapping, scale_fmt=None):
     if k.shape[1] > 1 and k.stride(1) != 1:
         k = k.contiguous()
@@ -38,7 +40,7 @@ def indexer_k_cache_write(k, k_cache, k_scale, slot_mapping, scale_fmt=None):
                              scale_fmt == _UE8M0, _threads())
 
 
-@cpu.impl("kv_cache_gather", dtypes=CACHE_DTYPES)
+@cpu.impl("kv_cache_gather", dtypes=CACHE_DTYPES, validates_values=True)
 def kv_cache_gather(cache, block_table, context_lens):
     if not cache.is_contiguous():
         cache = cache.contiguous()

@@ -32,7 +32,8 @@ def moe_permute(x, ids, num_experts):
     return x_perm, tokens_per_expert, src if rows == tokens * k else src[:rows]
 
 
-@cpu.impl("moe_unpermute", dtypes=FLOATS)
+# validates_values: the kernel checks 0 <= src < T*k itself, before writing (csrc/moe.cpp).
+@cpu.impl("moe_unpermute", dtypes=FLOATS, validates_values=True)
 def moe_unpermute(y, src, weights):
     tokens, k = weights.shape
     rows, dim = y.shape
