@@ -76,7 +76,10 @@ def test_bad_input_raises_invalid_input_error(make, arg, expected):
 def test_native_kernel_rejects_inconsistent_sizes_itself():
     from glm5_hal import _C
     x = torch.randn(2, 8)
-    with pytest.raises(hal.InvalidInputError, match="row strides >= dim"):
-        _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, 4, 8, 1e-5, 0, 0, 1)
+    # output rows must not overlap; input rows may (a row stride of 0 reads an expanded tensor)
+    with pytest.raises(hal.InvalidInputError, match="row stride >= the row width 8"):
+        _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, 8, 4, 1e-5, 0, 0, 1)
+    with pytest.raises(hal.InvalidInputError, match="row stride >= 0"):
+        _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, -8, 8, 1e-5, 0, 0, 1)
     with pytest.raises(hal.InvalidInputError, match="dtype code 9"):
         _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, 8, 8, 1e-5, 9, 0, 1)
