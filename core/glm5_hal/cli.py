@@ -44,23 +44,87 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmarks (docs/performance.md): the dispatch overhead, then every op at the preset's
+    shapes (reference, torch.compile of it, each backend), or the collectives, or the DSA
+    versus dense decode sweep. Prints a table; --json writes everything."""
     if args.collectives:
         from .bench import collectives
         sizes = collectives.parse_sizes(args.sizes) if args.sizes else collectives.DEFAULT_SIZES
         report = collectives.launch(world_size=args.world_size, sizes=sizes)
         print(collectives.format_report(report))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"collectives": report}, f, indent=2)
+        _write_json(args.json, {"collectives": report})
         return 0 if collectives.total_wrong(report) == 0 else 1
-    from .bench import dispatch
-    rows = dispatch.measure()
+    import torch
+
+    from .bench import cases as bench_cases, dispatch, runner
+    from .errors import HalError
+    from .registry import REGISTRY
+    ops = _bench_ops(args.op, REGISTRY)
+    backends = runner.candidate_backends(args.backend)
+    report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "backends": backends}
+    if args.dsa_vs_dense:
+        from .bench import dsa_vs_dense
+        if args.plot:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise HalError("bench --plot needs matplotlib: pip install 'glm5-hal[plot]' "
+                               "(or pip install matplotlib)") from None
+        contexts = _contexts(args.contexts) if args.contexts else dsa_vs_dense.DEFAULT_CONTEXTS
+        print("DSA vs dense decode (batch 4, 64 heads, top-2048, bf16; best available backend)")
+        print(dsa_vs_dense.format_header(), flush=True)
+        rows = dsa_vs_dense.sweep(contexts, repeats=args.repeats,
+                                  on_row=lambda r: print(dsa_vs_dense.format_row(r), flush=True))
+        report["dsa_vs_dense"] = rows
+        if args.plot:
+            dsa_vs_dense.plot(rows, args.plot)
+            print(f"wrote {args.plot}")
+        _write_json(args.json, report)
+        return 0
+    pinned = args.backend[0] if args.backend and len(args.backend) == 1 else None
     print("dispatch overhead (glm5_hal.ops.<op> minus a direct call of the chosen implementation)")
-    print(dispatch.format_rows(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"dispatch": rows}, f, indent=2)
+    rows = dispatch.measure(ops or None, backend=pinned)
+    print(dispatch.format_rows(rows), flush=True)
+    report["dispatch"] = rows
+    if not args.dispatch:
+        from .bench import roofline
+        cases = [c for c in bench_cases.cases(args.preset) if not ops or c.op in ops]
+        roof = roofline.measure()
+        report["preset"] = args.preset
+        report["roofline"] = {"copy_gbps": roof.copy_gbps, "gemm_gflops": roof.gemm_gflops, "threads": roof.threads}
+        print(f"\nops at preset {args.preset!r} (median of {args.repeats} batches; x ref = reference ms / ms; "
+              f"% roof of the binding limit, f = flops, b = bytes)")
+        print(runner.format_header(roof), flush=True)
+        results = runner.run_cases(cases, roof, backends, compile_reference=not args.no_compile,
+                                   repeats=args.repeats,
+                                   on_case=lambda c, r: print(runner.format_rows(c, r), flush=True))
+        report["ops"] = runner.to_json(results)
+    _write_json(args.json, report)
     return 0
+
+
+def _bench_ops(names, registry) -> list[str]:
+    if not names:
+        return []
+    registry.op("rms_norm")  # defines every op
+    unknown = [n for n in names if n not in registry.ops]
+    if unknown:
+        from .errors import HalError
+        raise HalError(f"bench --op: unknown op(s) {unknown}; known: {sorted(registry.ops)}")
+    return list(names)
+
+
+def _contexts(text: str) -> list[int]:
+    from .bench.collectives import parse_sizes
+    # 2K = 2048 tokens: the same K/M suffixes as --sizes
+    return parse_sizes(text)
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"wrote {path}")
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
@@ -127,8 +191,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("bench", help="benchmarks (ratios against the reference; not tests)")
+    p = sub.add_parser("bench", help="benchmarks (ratios against the reference; not tests)",
+                       description="Dispatch overhead, then every op at GLM-5 shapes: the reference, "
+                                   "torch.compile of it and each backend, against the measured roofline "
+                                   "(docs/performance.md). Benchmarks measure; they never fail on timings.")
     p.add_argument("--json", metavar="F", help="also write the results as JSON to F")
+    p.add_argument("--preset", default="glm5", choices=("glm5", "long", "tiny"),
+                   help="shapes: glm5 (decode at 8K context), long (decode at 32K), tiny (smoke test)")
+    p.add_argument("--op", action="append", metavar="O", help="only this op (repeatable)")
+    p.add_argument("--backend", action="append", metavar="B",
+                   help="only this backend (repeatable; default: every available one)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile of the reference")
+    p.add_argument("--repeats", type=int, default=5, metavar="N", help="timed batches per measurement (median)")
+    p.add_argument("--dispatch", action="store_true", help="only the dispatch-overhead section")
+    p.add_argument("--dsa-vs-dense", action="store_true",
+                   help="DSA (indexer_topk_paged + sparse_mla_decode_paged) vs dense_mla_decode_paged "
+                        "decode over context 2K..64K")
+    p.add_argument("--contexts", metavar="LIST", help="contexts for --dsa-vs-dense, e.g. 2K,8K,32K")
+    p.add_argument("--plot", metavar="F", help="with --dsa-vs-dense: write a PNG plot to F (needs matplotlib)")
     p.add_argument("--collectives", action="store_true",
                    help="collective bandwidth through glm5_hal.dist (nccl-tests' algbw/busbw) "
                         "on --world-size spawned local ranks")

@@ -1,5 +1,8 @@
-"""Per-call dispatch overhead: `glm5_hal.ops.<op>` against calling the chosen
-implementation directly, on inputs small enough that the kernel itself is cheap."""
+"""Per-call dispatch overhead: `glm5_hal.ops.<op>` against calling the implementation that
+dispatch chooses directly, on the `tiny` bench inputs (small enough that the kernel itself
+is cheap). The overhead is what the HAL adds: metadata checks, the data-dependent value
+checks of ops that have them (unless the chosen kernel validates indices itself), the
+decision lookup. `torch.ops` is the same call through the torch custom op, for comparison."""
 from __future__ import annotations
 
 import torch
@@ -8,30 +11,55 @@ import glm5_hal as hal
 
 from .timing import median_time
 
+DEFAULT_OPS = ("rms_norm", "silu_and_mul", "apply_rope", "hadamard_transform", "fp8_block_quant",
+               "moe_route", "moe_permute", "moe_unpermute", "kv_cache_write", "indexer_k_cache_write",
+               "kv_cache_gather", "indexer_topk_paged", "sparse_mla_decode_paged")
 
-def measure(repeats: int = 9) -> list[dict]:
-    x, w = torch.randn(4, 64), torch.randn(64)
+
+def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None = None,
+            repeats: int = 9, min_time: float = 0.1) -> list[dict]:
+    """One row per op: the implementation dispatch chooses (under `hal.use(backend)` if
+    given), its direct call time, the time through glm5_hal.ops and through torch.ops."""
+    from ..registry import REGISTRY
+    from .cases import cases
+    wanted = tuple(ops) if ops else DEFAULT_OPS
+    by_op = {}
+    for case in cases("tiny"):
+        by_op.setdefault(case.op, case)
     rows = []
-    cases = [("rms_norm", "cpu", (x, w, 1e-5)), ("rms_norm", "reference", (x, w, 1e-5))]
-    for op_name, backend, args in cases:
-        with hal.use(backend):
+    for op_name in wanted:
+        if op_name not in by_op:
+            continue
+        args = by_op[op_name].make()
+        op = REGISTRY.op(op_name)
+        public = getattr(hal.ops, op_name)
+        flat = op.opdef.to_torch(*args) if op.opdef.to_torch else args
+        ctx = hal.use(backend) if backend else _no_pin()
+        with ctx:
             chosen = hal.explain(op_name, *args).chosen
-            impl = hal.get_backend(chosen.split(".")[0]).impls[op_name].fn
-            public = getattr(hal.ops, op_name)
-            direct_s = median_time(lambda: impl(*args), repeats=repeats)
-            hal_s = median_time(lambda: public(*args), repeats=repeats)
-        torch_op = getattr(torch.ops.glm5_hal, op_name).default
-        torch_ops_s = median_time(lambda: torch_op(*args), repeats=repeats)
+            who, name = chosen.split(".", 1)
+            impl = hal.get_backend(who).impls[name].fn
+            direct_s = median_time(lambda: impl(*args), repeats=repeats, min_time=min_time)
+            hal_s = median_time(lambda: public(*args), repeats=repeats, min_time=min_time)
+            torch_ops_s = median_time(lambda: op.torch_op(*flat), repeats=repeats, min_time=min_time)
         rows.append({"op": op_name, "chosen": chosen, "direct_us": direct_s * 1e6,
                      "hal_us": hal_s * 1e6, "overhead_us": (hal_s - direct_s) * 1e6,
                      "torch_ops_us": torch_ops_s * 1e6})
     return rows
 
 
+class _no_pin:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'op':<10} {'implementation':<20} {'direct us':>10} {'hal.ops us':>11} "
+    lines = [f"{'op':<24} {'implementation':<32} {'direct us':>10} {'hal.ops us':>11} "
              f"{'overhead us':>12} {'torch.ops us':>13}"]
     for r in rows:
-        lines.append(f"{r['op']:<10} {r['chosen']:<20} {r['direct_us']:>10.2f} {r['hal_us']:>11.2f} "
+        lines.append(f"{r['op']:<24} {r['chosen']:<32} {r['direct_us']:>10.2f} {r['hal_us']:>11.2f} "
                      f"{r['overhead_us']:>12.2f} {r['torch_ops_us']:>13.2f}")
     return "\n".join(lines)
