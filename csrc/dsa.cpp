@@ -191,11 +191,29 @@ struct PagedLookup {
     const int64_t block = block_table[b * bt_stride + p / block_size];
     return data + block * block_bytes + (p % block_size) * row_bytes;
   }
-  float row_scale(int64_t b, int64_t p) const {
-    const int64_t block = block_table[b * bt_stride + p / block_size];
-    return scale[block * scale_block_stride + (p % block_size) * scale_row_stride];
+  // f(i, row, block, offset) for positions p0 .. p0 + n - 1, walking the blocks (one division).
+  template <class F>
+  void walk(int64_t b, int64_t p0, int64_t n, F&& f) const {
+    const int32_t* table = block_table + b * bt_stride;
+    int64_t j = p0 / block_size, off = p0 % block_size;
+    const char* base = data + table[j] * block_bytes;
+    for (int64_t i = 0; i < n; ++i) {
+      f(i, base + off * row_bytes, table[j], off);
+      if (++off == block_size && i + 1 < n) {
+        off = 0;
+        base = data + table[++j] * block_bytes;
+      }
+    }
   }
 };
+
+// Asks for the cache lines of a row that the next tile will read, so a tile's rows arrive
+// from memory while the previous tile computes (rows come from scattered cache blocks or
+// sparse indices, which the hardware prefetchers do not follow).
+inline void prefetch_row(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
 
 // Columns [col0, col0 + ncols) of the heads of one query, packed for the QK kernels.
 // Columns >= heads are zero.
@@ -247,7 +265,7 @@ struct AttnScratch {
   Buf<float> qt;         // packed Q^T (fp32, or bf16 pairs reinterpreted)
   Buf<float> tmp_row;
   Buf<float> s;          // [kTile][ncols]
-  Buf<const void*> rows;
+  Buf<const void*> rows, next_rows;
   Buf<float> staged;     // [kTile][dqk] for F32Staged
   Buf<const float*> frows;
   Buf<float> o;          // [ncols][dvp]
@@ -292,6 +310,7 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
     sc.tmp_row.reserve(static_cast<size_t>(st.dqk));
     sc.s.reserve(static_cast<size_t>(kTile * max_cols));
     sc.rows.reserve(kTile);
+    sc.next_rows.reserve(kTile);
     sc.frows.reserve(kTile);
     if (path == AttnPath::F32Staged) sc.staged.reserve(static_cast<size_t>(kTile * st.dqk));
     sc.o.reserve(static_cast<size_t>(max_cols * dvp));
@@ -308,6 +327,7 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
   };
 
   const size_t qes = elem_size(st.dtype);
+  const int64_t row_bytes = st.dqk * static_cast<int64_t>(qes);
   auto group_cols = [&](int64_t g, int64_t* col0) {
     const int64_t v0 = g * vecs_per_group;
     *col0 = v0 * kLanes;
@@ -363,31 +383,43 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
       const int64_t count = rows.count(t);
       const int64_t j_begin = count * split / splits, j_end = count * (split + 1) / splits;
       int64_t j = j_begin;
-      while (j < j_end) {
+      // the next tile's valid rows, resolved (and prefetched) one tile ahead
+      auto fill = [&](const void** tile) {
         int n = 0;
         while (n < kTile && j < j_end) {
           const void* r = rows.row(t, j++);
-          if (r) sc.rows[n++] = r;
+          if (r) {
+            tile[n++] = r;
+            prefetch_row(r, row_bytes);
+          }
         }
-        if (n == 0) break;
+        return n;
+      };
+      const void** cur = sc.rows.data();
+      const void** next = sc.next_rows.data();
+      int n_next = fill(next);
+      while (n_next > 0) {
+        std::swap(cur, next);
+        const int n = n_next;
+        n_next = fill(next);
         if (path == AttnPath::Bf16Dot) {
           K.qk_bf16(reinterpret_cast<const uint32_t*>(sc.qt.data()), nvec,
-                    reinterpret_cast<const uint16_t* const*>(sc.rows.data()), n, st.dqk, sc.s.data());
+                    reinterpret_cast<const uint16_t* const*>(cur), n, st.dqk, sc.s.data());
         } else {
           if (path == AttnPath::F32Staged) {
             for (int i = 0; i < n; ++i) {
               float* dst = sc.staged.data() + i * st.dqk;
-              K.to_f32(st.dtype, sc.rows[i], st.dqk, dst);
+              K.to_f32(st.dtype, cur[i], st.dqk, dst);
               sc.frows[i] = dst;
             }
           } else {
-            for (int i = 0; i < n; ++i) sc.frows[i] = static_cast<const float*>(sc.rows[i]);
+            for (int i = 0; i < n; ++i) sc.frows[i] = static_cast<const float*>(cur[i]);
           }
           K.qk_f32(sc.qt.data(), nvec, sc.frows.data(), n, st.dqk, sc.s.data());
         }
         K.softmax_tile(sc.s.data(), n, ncols, st.scale, acc.m, acc.l, sc.alpha.data());
         if (paired)
-          K.pv_bf16(sc.s.data(), ncols, reinterpret_cast<const uint16_t* const*>(sc.rows.data()), n, st.dv, acc.o,
+          K.pv_bf16(sc.s.data(), ncols, reinterpret_cast<const uint16_t* const*>(cur), n, st.dv, acc.o,
                     dvp, sc.alpha.data());
         else
           K.pv_f32(sc.s.data(), ncols, sc.frows.data(), n, st.dv, acc.o, dvp, sc.alpha.data());
@@ -591,6 +623,7 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
   auto part_slot = [&](int64_t g, int64_t p, int64_t qs) { return (g * parts + p) * gq + qs; };
 
   const size_t qes = elem_size(st.qdtype);
+  const int64_t key_row_bytes = st.dim * static_cast<int64_t>(elem_size(st.kdtype));
 
   // Keeps a query's candidate list (capacity 2 * cap) at its best `cap` entries.
   auto compact = [&](IdxScratch& sc, float* cv, int32_t* cp, int64_t& cn) {
@@ -702,10 +735,9 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
         }
         for (int64_t k0 = c0; k0 < c1; k0 += kTile) {
           const int n = static_cast<int>(std::min<int64_t>(kTile, c1 - k0));
-          for (int i = 0; i < n; ++i) {
-            sc.rows[i] = src.row(grp.seq, k0 + i);
-            if (fp8) sc.scales[i] = src.scale(grp.seq, k0 + i);
-          }
+          src.resolve(grp.seq, k0, n, sc.rows.data(), fp8 ? sc.scales.data() : nullptr);
+          if (k0 + kTile < c1)
+            src.prefetch(grp.seq, k0 + kTile, std::min<int64_t>(kTile, c1 - k0 - kTile), key_row_bytes);
           const void* const* krows = sc.rows.data();
           if (path == IdxPath::Bf16Dot && fp8) {
             uint16_t* staged = reinterpret_cast<uint16_t*>(sc.staged.data());
@@ -798,19 +830,36 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
   }
 }
 
+// Key sources of the indexer: rows (and FP8 scales) of positions p0 .. p0 + n - 1.
 struct PlainKeys {
   const char* data;
   int64_t row_bytes;
   const float* scales;
   int64_t scale_stride;
-  const void* row(int64_t, int64_t p) const { return data + p * row_bytes; }
-  float scale(int64_t, int64_t p) const { return scales[p * scale_stride]; }
+  void resolve(int64_t, int64_t p0, int64_t n, const void** rows, float* row_scales) const {
+    for (int64_t i = 0; i < n; ++i) rows[i] = data + (p0 + i) * row_bytes;
+    if (row_scales)
+      for (int64_t i = 0; i < n; ++i) row_scales[i] = scales[(p0 + i) * scale_stride];
+  }
+  void prefetch(int64_t, int64_t p0, int64_t n, int64_t bytes) const {
+    for (int64_t i = 0; i < n; ++i) prefetch_row(data + (p0 + i) * row_bytes, bytes);
+  }
 };
 
 struct PagedKeys {
   PagedLookup lookup;
-  const void* row(int64_t b, int64_t p) const { return lookup.row(b, p); }
-  float scale(int64_t b, int64_t p) const { return lookup.row_scale(b, p); }
+  void resolve(int64_t b, int64_t p0, int64_t n, const void** rows, float* row_scales) const {
+    if (row_scales)
+      lookup.walk(b, p0, n, [&](int64_t i, const char* row, int64_t block, int64_t off) {
+        rows[i] = row;
+        row_scales[i] = lookup.scale[block * lookup.scale_block_stride + off * lookup.scale_row_stride];
+      });
+    else
+      lookup.walk(b, p0, n, [&](int64_t i, const char* row, int64_t, int64_t) { rows[i] = row; });
+  }
+  void prefetch(int64_t b, int64_t p0, int64_t n, int64_t bytes) const {
+    lookup.walk(b, p0, n, [&](int64_t, const char* row, int64_t, int64_t) { prefetch_row(row, bytes); });
+  }
 };
 
 int64_t group_queries_limit(int64_t heads) {

@@ -347,26 +347,46 @@ GLM5_T512 void indexer_reduce(const float* s, int nkeys, int nvec, const int* ve
 
 // ---- conversions ------------------------------------------------------------------------
 
-// e4m3fn bytes (zero-extended to 16-bit lanes) -> bfloat16 bits, exactly: normals rebias the
-// exponent (7 -> 127) by an add, the 7 subnormals come from a small table, 0x7f is nan.
-GLM5_T512 inline __m512i fp8x32_to_bf16(__m512i x) {
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  // m * 2^-9 for m = 0..7, as bfloat16
-  const __m512i sub_table = _mm512_setr_epi32(0x3b000000, 0x3bc03b80, 0x3c203c00, 0x3c603c40, 0, 0, 0, 0, 0, 0,
-                                              0, 0, 0, 0, 0, 0);
-  const __m512i sub = _mm512_permutexvar_epi16(mag, sub_table);
-  __m512i r = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), normal, sub);
-  r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+// e4m3fn -> bfloat16 bits by table: the bfloat16 patterns of the 128 magnitudes live in four
+// registers; vpermt2w looks up the low 6 bits in a pair of them (it ignores the higher bits),
+// bit 6 picks the pair, the sign moves from bit 7 to bit 15. Exact, nan included.
+struct Fp8Table {
+  __m512i t0, t1, t2, t3;
+};
+
+GLM5_T512 inline Fp8Table fp8_bf16_table() {
+  static const struct Bits {
+    uint16_t v[128];
+    Bits() {
+      const float* table = fp8_table();
+      for (int i = 0; i < 128; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &table[i], sizeof bits);
+        v[i] = static_cast<uint16_t>(bits >> 16);
+      }
+    }
+  } bits;
+  return {_mm512_loadu_si512(bits.v), _mm512_loadu_si512(bits.v + 32), _mm512_loadu_si512(bits.v + 64),
+          _mm512_loadu_si512(bits.v + 96)};
+}
+
+GLM5_T512 inline __m512i fp8x32_to_bf16(__m512i x, const Fp8Table& t) {  // x: bytes in 16-bit lanes
+  const __m512i lo = _mm512_permutex2var_epi16(t.t0, x, t.t1);
+  const __m512i hi = _mm512_permutex2var_epi16(t.t2, x, t.t3);
+  const __m512i r = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
   // r | ((x << 8) & 0x8000)
   return _mm512_ternarylogic_epi32(r, _mm512_slli_epi16(x, 8), _mm512_set1_epi16(static_cast<short>(0x8000)), 0xf8);
 }
 
 GLM5_T512 void fp8_to_bf16(const uint8_t* src, int64_t n, uint16_t* dst) {
-  for (int64_t i = 0; i < n; i += 32) {
+  const Fp8Table t = fp8_bf16_table();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(dst + i, fp8x32_to_bf16(_mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                                                    reinterpret_cast<const __m256i*>(src + i))), t));
+  if (i < n) {
     const __mmask32 m = lane_mask32(n - i);
-    const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, src + i));
-    _mm512_mask_storeu_epi16(dst + i, m, fp8x32_to_bf16(x));
+    _mm512_mask_storeu_epi16(dst + i, m, fp8x32_to_bf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, src + i)), t));
   }
 }
 
@@ -392,9 +412,10 @@ GLM5_T512 void to_f32(DType dtype, const void* src, int64_t n, float* dst) {
     }
     case DType::F8E4M3: {
       const uint8_t* p = static_cast<const uint8_t*>(src);
+      const Fp8Table t = fp8_bf16_table();
       for (int64_t i = 0; i < n; i += 32) {
         const __mmask32 m = lane_mask32(n - i);
-        const __m512i h = fp8x32_to_bf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p + i)));
+        const __m512i h = fp8x32_to_bf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p + i)), t);
         const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
         const __m512 hi = _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
