@@ -43,7 +43,7 @@ std::atomic<int> g_isa_limit{2};
 
 const Kernels& active_kernels() {
   const int limit = g_isa_limit.load(std::memory_order_relaxed);
-#if defined(__x86_64__) && defined(__GNUC__)
+#if GLM5_DSA_X86
   if (limit >= 2)
     if (const Kernels* k = dsa::avx512_bf16_kernels()) return *k;
   if (limit >= 1)
@@ -1052,7 +1052,7 @@ void dense_mla_decode_paged(void* out, float* lse, const void* q, DType q_dtype,
 int dsa_isa() { return active_kernels().isa; }
 
 int dsa_max_isa() {
-#if defined(__x86_64__) && defined(__GNUC__)
+#if GLM5_DSA_X86
   if (dsa::avx512_bf16_kernels()) return 2;
   if (dsa::avx512_kernels()) return 1;
 #endif

@@ -14,6 +14,15 @@
 
 #include "core.h"
 
+// The AVX-512 tiers exist on x86-64 with GCC/Clang target attributes. Defining
+// GLM5_HAL_PORTABLE_ONLY builds what every other architecture gets (checked in CI-less setups
+// by building the native tests with -DGLM5_HAL_PORTABLE_ONLY).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(GLM5_HAL_PORTABLE_ONLY)
+#define GLM5_DSA_X86 1
+#else
+#define GLM5_DSA_X86 0
+#endif
+
 namespace glm5::dsa {
 
 constexpr int kLanes = 16;     // columns per vector (one zmm of fp32)
@@ -64,7 +73,7 @@ struct Kernels {
 };
 
 const Kernels& generic_kernels();
-#if defined(__x86_64__) && defined(__GNUC__)
+#if GLM5_DSA_X86
 // Null when the CPU lacks the tier.
 const Kernels* avx512_kernels();
 const Kernels* avx512_bf16_kernels();

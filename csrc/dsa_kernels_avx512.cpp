@@ -11,7 +11,9 @@
 //   across the 4 heads, the probability is a broadcast. bfloat16 values are widened in
 //   registers: one 512-bit load of 32 values gives the even dims (shift left 16) and the odd
 //   dims (mask the low half) as two fp32 vectors, hence the paired output layout.
-#if defined(__x86_64__) && defined(__GNUC__)
+#include "dsa_kernels.h"
+
+#if GLM5_DSA_X86
 
 #include <immintrin.h>
 
@@ -23,8 +25,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-
-#include "dsa_kernels.h"
 
 #define GLM5_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")))
 #define GLM5_T512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,avx2")))
@@ -453,4 +453,4 @@ const Kernels* avx512_bf16_kernels() {
 
 }  // namespace glm5::dsa
 
-#endif  // __x86_64__ && __GNUC__
+#endif  // GLM5_DSA_X86

@@ -550,7 +550,7 @@ int main() {
     glm5::dsa_set_isa_limit(tier);
     std::printf("tier %d\n", glm5::dsa_isa());
     const glm5::dsa::Kernels* K = &glm5::dsa::generic_kernels();
-#if defined(__x86_64__) && defined(__GNUC__)
+#if GLM5_DSA_X86
     if (tier == 1) K = glm5::dsa::avx512_kernels();
     if (tier == 2) K = glm5::dsa::avx512_bf16_kernels();
 #endif
