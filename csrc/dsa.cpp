@@ -215,26 +215,27 @@ inline void prefetch_row(const void* row, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
-// Columns [col0, col0 + ncols) of the heads of one query, packed for the QK kernels.
-// Columns >= heads are zero.
-void pack_q_f32(const Kernels& K, DType qd, const void* q, int64_t heads, int64_t dim, int64_t col0, int ncols,
-                float* qt, float* tmp_row) {
+// Heads [head0, head0 + ncols) of one query (q: heads x dim) as ncols columns of a packed
+// Q^T with leading dimension ld (dst points at the first column). Heads >= `heads` pack as 0.
+void pack_q_f32(const Kernels& K, DType qd, const void* q, int64_t heads, int64_t dim, int64_t head0, int ncols,
+                float* dst, int64_t ld, float* tmp_row) {
   const size_t es = elem_size(qd);
   for (int c = 0; c < ncols; ++c) {
-    const int64_t h = col0 + c;
+    const int64_t h = head0 + c;
     if (h < heads) {
       K.to_f32(qd, static_cast<const char*>(q) + h * dim * es, dim, tmp_row);
-      for (int64_t d = 0; d < dim; ++d) qt[d * ncols + c] = tmp_row[d];
+      for (int64_t d = 0; d < dim; ++d) dst[d * ld + c] = tmp_row[d];
     } else {
-      for (int64_t d = 0; d < dim; ++d) qt[d * ncols + c] = 0.0f;
+      for (int64_t d = 0; d < dim; ++d) dst[d * ld + c] = 0.0f;
     }
   }
 }
 
-void pack_q_bf16(const uint16_t* q, int64_t heads, int64_t dim, int64_t col0, int ncols, uint32_t* qp) {
+// As pack_q_f32 for bfloat16 q, in the pair layout of Kernels::qk_bf16.
+void pack_q_bf16(const uint16_t* q, int64_t heads, int64_t dim, int64_t head0, int ncols, uint32_t* dst, int64_t ld) {
   const int64_t npairs = (dim + 1) / 2;
   for (int c = 0; c < ncols; ++c) {
-    const int64_t h = col0 + c;
+    const int64_t h = head0 + c;
     const uint16_t* row = h < heads ? q + h * dim : nullptr;
     for (int64_t p = 0; p < npairs; ++p) {
       uint32_t lo = 0, hi = 0;
@@ -242,7 +243,7 @@ void pack_q_bf16(const uint16_t* q, int64_t heads, int64_t dim, int64_t col0, in
         lo = row[2 * p];
         hi = 2 * p + 1 < dim ? row[2 * p + 1] : 0;
       }
-      qp[p * ncols + c] = lo | (hi << 16);
+      dst[p * ld + c] = lo | (hi << 16);
     }
   }
 }
@@ -372,9 +373,9 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
       const void* qtok = static_cast<const char*>(st.q) + t * st.heads * st.dqk * qes;
       if (path == AttnPath::Bf16Dot)
         pack_q_bf16(static_cast<const uint16_t*>(qtok), st.heads, st.dqk, col0, ncols,
-                    reinterpret_cast<uint32_t*>(sc.qt.data()));
+                    reinterpret_cast<uint32_t*>(sc.qt.data()), ncols);
       else
-        pack_q_f32(K, st.dtype, qtok, st.heads, st.dqk, col0, ncols, sc.qt.data(), sc.tmp_row.data());
+        pack_q_f32(K, st.dtype, qtok, st.heads, st.dqk, col0, ncols, sc.qt.data(), ncols, sc.tmp_row.data());
 
       Partial acc = splits > 1 ? partial_at(unit, split) : Partial{sc.o.data(), sc.m.data(), sc.l.data()};
       std::fill(acc.o, acc.o + ncols * dvp, 0.0f);
@@ -533,7 +534,6 @@ struct ColumnGroup {
   int nvec;
   int vec_slot[kMaxVecs];   // query slot in the group
   int vec_lanes[kMaxVecs];  // real heads in the vector
-  int64_t vec_head0[kMaxVecs];
 };
 
 struct IdxScratch {
@@ -683,35 +683,14 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
           const int64_t h0 = ((v0 + v) % vecs_per_query) * kLanes;
           cg.vec_slot[v] = static_cast<int>(qs);
           cg.vec_lanes[v] = static_cast<int>(std::min<int64_t>(kLanes, st.heads - h0));
-          cg.vec_head0[v] = h0;
           const int64_t query = grp.q_first + qs;
           const void* qrow = static_cast<const char*>(st.q) + query * st.heads * st.dim * qes;
-          // pack the 16 columns of this vector into the group's Q^T at column offset v*16
-          if (path == IdxPath::Bf16Dot) {
-            uint32_t* qp = reinterpret_cast<uint32_t*>(qpack);
-            for (int64_t p = 0; p < qdepth; ++p) {
-              for (int lane = 0; lane < kLanes; ++lane) {
-                const int64_t h = h0 + lane;
-                uint32_t lo = 0, hi = 0;
-                if (h < st.heads) {
-                  const uint16_t* row = static_cast<const uint16_t*>(qrow) + h * st.dim;
-                  lo = row[2 * p];
-                  hi = 2 * p + 1 < st.dim ? row[2 * p + 1] : 0;
-                }
-                qp[p * ncols + v * kLanes + lane] = lo | (hi << 16);
-              }
-            }
-          } else {
-            for (int lane = 0; lane < kLanes; ++lane) {
-              const int64_t h = h0 + lane;
-              if (h < st.heads) {
-                K.to_f32(st.qdtype, static_cast<const char*>(qrow) + h * st.dim * qes, st.dim, sc.tmp_row.data());
-                for (int64_t d = 0; d < st.dim; ++d) qpack[d * ncols + v * kLanes + lane] = sc.tmp_row[d];
-              } else {
-                for (int64_t d = 0; d < st.dim; ++d) qpack[d * ncols + v * kLanes + lane] = 0.0f;
-              }
-            }
-          }
+          if (path == IdxPath::Bf16Dot)
+            pack_q_bf16(static_cast<const uint16_t*>(qrow), st.heads, st.dim, h0, kLanes,
+                        reinterpret_cast<uint32_t*>(qpack) + v * kLanes, ncols);
+          else
+            pack_q_f32(K, st.qdtype, qrow, st.heads, st.dim, h0, kLanes, qpack + v * kLanes, ncols,
+                       sc.tmp_row.data());
           for (int lane = 0; lane < kLanes; ++lane) {
             const int64_t h = h0 + lane;
             w[v * kLanes + lane] = h < st.heads ? st.weights[query * st.heads + h] : 0.0f;
