@@ -35,7 +35,7 @@ PYBIND11_MODULE(_C, m) {
   // ---- dsa ----
   // Argument order: outputs, then each tensor as (pointer, sizes..., strides...), dtype codes
   // as glm5::DType ints, then scalars, then the thread count. Key/cache strides are in elements.
-  m.def("dsa_isa", &glm5::dsa_isa, "DSA kernel tier in use: 0 portable, 1 AVX-512, 2 AVX-512 + BF16");
+  m.def("dsa_isa", &glm5::dsa_isa, "DSA kernel tier in use: 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 + BF16");
   m.def("dsa_max_isa", &glm5::dsa_max_isa, "best DSA kernel tier this CPU supports");
   m.def("dsa_set_isa_limit", &glm5::dsa_set_isa_limit, py::arg("limit"),
         "cap the DSA kernel tier (tests); returns the previous cap");

@@ -39,15 +39,18 @@ using dsa::round_up;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::atomic<int> g_isa_limit{2};
+constexpr int kTopTier = 3;
+std::atomic<int> g_isa_limit{kTopTier};
 
 const Kernels& active_kernels() {
   const int limit = g_isa_limit.load(std::memory_order_relaxed);
 #if GLM5_DSA_X86
-  if (limit >= 2)
+  if (limit >= 3)
     if (const Kernels* k = dsa::avx512_bf16_kernels()) return *k;
-  if (limit >= 1)
+  if (limit >= 2)
     if (const Kernels* k = dsa::avx512_kernels()) return *k;
+  if (limit >= 1)
+    if (const Kernels* k = dsa::avx2_kernels()) return *k;
 #else
   (void)limit;
 #endif
@@ -1032,12 +1035,13 @@ int dsa_isa() { return active_kernels().isa; }
 
 int dsa_max_isa() {
 #if GLM5_DSA_X86
-  if (dsa::avx512_bf16_kernels()) return 2;
-  if (dsa::avx512_kernels()) return 1;
+  if (dsa::avx512_bf16_kernels()) return 3;
+  if (dsa::avx512_kernels()) return 2;
+  if (dsa::avx2_kernels()) return 1;
 #endif
   return 0;
 }
 
-int dsa_set_isa_limit(int limit) { return g_isa_limit.exchange(std::max(0, std::min(limit, 2))); }
+int dsa_set_isa_limit(int limit) { return g_isa_limit.exchange(std::max(0, std::min(limit, kTopTier))); }
 
 }  // namespace glm5

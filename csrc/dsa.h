@@ -75,8 +75,8 @@ void dense_mla_decode_paged(void* out, float* lse, const void* q, DType q_dtype,
                             int64_t queries, int64_t heads, int64_t dqk, const DsaPagedCache& kv_cache,
                             const DsaPaging& paging, float sm_scale, int64_t d_v, int num_threads);
 
-// Instruction-set tier the DSA kernels use: 0 portable C++, 1 AVX-512F/BW, 2 AVX-512 + BF16
-// dot products. dsa_isa() is the tier in use; dsa_set_isa_limit(n) caps it (tests run every
+// Instruction-set tier the DSA kernels use: 0 portable C++ (vector extensions), 1 AVX2 + FMA,
+// 2 AVX-512F/BW, 3 AVX-512 + BF16 dot products. dsa_isa() is the tier in use; dsa_set_isa_limit(n) caps it (tests run every
 // tier the CPU has) and returns the previous cap; the tier never exceeds what the CPU supports.
 int dsa_isa();
 int dsa_max_isa();

@@ -1,6 +1,7 @@
 // Internal to the DSA kernels: the inner tile kernels, in a table with one implementation per
-// instruction-set tier (portable C++ in dsa_kernels_generic.cpp, AVX-512 in
-// dsa_kernels_avx512.cpp), selected at run time. The drivers in dsa.cpp do all validation;
+// instruction-set tier, selected at run time: portable C++ with vector extensions
+// (dsa_kernels_generic.cpp), the same source compiled for AVX2 + FMA (dsa_kernels_avx2.cpp),
+// AVX-512 and AVX-512 + BF16 intrinsics (dsa_kernels_avx512.cpp). The drivers in dsa.cpp do all validation;
 // these only ever see in-bounds pointers.
 //
 // Column layout shared by the attention and the indexer: the score GEMM is computed as
@@ -33,14 +34,14 @@ constexpr int kDvBlock = 32;   // value dims per block of the paired output layo
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 struct Kernels {
-  int isa;  // tier: 0 portable, 1 AVX-512F/BW, 2 AVX-512 + BF16
+  int isa;  // tier: 0 portable, 1 AVX2 + FMA, 2 AVX-512F/BW, 3 AVX-512 + BF16
 
   // s[k * ncols + c] = sum_d qt[d * ncols + c] * rows[k][d] for k < nkeys, c < ncols,
   // ncols = nvec * kLanes, 1 <= nvec <= kMaxVecs. fp32 rows.
   void (*qk_f32)(const float* qt, int nvec, const float* const* rows, int nkeys, int64_t dim, float* s);
 
   // As qk_f32 for bfloat16 rows and q packed as bfloat16 pairs: qp[p * ncols + c] holds
-  // q[c][2p] in its low and q[c][2p + 1] in its high half (0 past dim). Null below tier 2.
+  // q[c][2p] in its low and q[c][2p + 1] in its high half (0 past dim). Null below tier 3.
   void (*qk_bf16)(const uint32_t* qp, int nvec, const uint16_t* const* rows, int nkeys, int64_t dim,
                   float* s);
 
@@ -55,7 +56,7 @@ struct Kernels {
                  int64_t o_stride, const float* alpha);
 
   // As pv_f32 for bfloat16 rows, with o in the paired layout: within each block of kDvBlock
-  // dims, the 16 even dims come first, then the 16 odd dims. Null below tier 1.
+  // dims, the 16 even dims come first, then the 16 odd dims. Null below tier 2.
   void (*pv_bf16)(const float* p, int ncols, const uint16_t* const* rows, int nkeys, int64_t dv, float* o,
                   int64_t o_stride, const float* alpha);
 
@@ -75,9 +76,19 @@ struct Kernels {
 const Kernels& generic_kernels();
 #if GLM5_DSA_X86
 // Null when the CPU lacks the tier.
+const Kernels* avx2_kernels();
 const Kernels* avx512_kernels();
 const Kernels* avx512_bf16_kernels();
 #endif
+
+// The scalar members of the portable table, shared by the AVX2 table (they are a small
+// part of the work next to QK and PV).
+namespace scalar {
+void indexer_reduce(const float* s, int nkeys, int nvec, const int* vec_slot, const int* vec_lanes, const float* w,
+                    const float* key_scale, float* const* out);
+void to_f32(DType dtype, const void* src, int64_t n, float* dst);
+void fp8_to_bf16(const uint8_t* src, int64_t n, uint16_t* dst);
+}  // namespace scalar
 
 // e4m3fn -> float32 (exact): a 256-entry table. Its values are also exact in bfloat16.
 const float* fp8_table();

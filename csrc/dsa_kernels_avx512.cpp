@@ -440,13 +440,13 @@ bool has_avx512_bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf
 }  // namespace
 
 const Kernels* avx512_kernels() {
-  static const Kernels k{1, qk_f32, nullptr, softmax_tile, pv_f32, pv_bf16, indexer_reduce, to_f32, fp8_to_bf16};
+  static const Kernels k{2, qk_f32, nullptr, softmax_tile, pv_f32, pv_bf16, indexer_reduce, to_f32, fp8_to_bf16};
   static const bool ok = has_avx512();
   return ok ? &k : nullptr;
 }
 
 const Kernels* avx512_bf16_kernels() {
-  static const Kernels k{2, qk_f32, qk_bf16, softmax_tile, pv_f32, pv_bf16, indexer_reduce, to_f32, fp8_to_bf16};
+  static const Kernels k{3, qk_f32, qk_bf16, softmax_tile, pv_f32, pv_bf16, indexer_reduce, to_f32, fp8_to_bf16};
   static const bool ok = has_avx512_bf16();
   return ok ? &k : nullptr;
 }

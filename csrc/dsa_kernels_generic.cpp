@@ -1,6 +1,6 @@
-// Portable tier of the DSA tile kernels: plain C++ with loops over columns innermost so the
-// compiler vectorises them for whatever the baseline ISA is (SSE2 on x86-64, NEON on aarch64)
-// without reassociating any floating-point sum.
+// Portable tier of the DSA tile kernels: QK and PV register-blocked with vector extensions
+// (dsa_kernels_portable.h, compiled here for the baseline ISA: SSE2 on x86-64, NEON on
+// aarch64), the small remaining kernels in plain C++.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,53 +20,9 @@ float fp8_e4m3fn_value(unsigned v) {
   return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, static_cast<int>(e) - 7);
 }
 
-void qk_f32(const float* qt, int nvec, const float* const* rows, int nkeys, int64_t dim, float* s) {
-  const int ncols = nvec * kLanes;
-  for (int k = 0; k < nkeys; ++k) {
-    float acc[kMaxVecs * kLanes] = {};
-    const float* row = rows[k];
-    for (int64_t d = 0; d < dim; ++d) {
-      const float kv = row[d];
-      const float* q = qt + d * ncols;
-      for (int c = 0; c < ncols; ++c) acc[c] += q[c] * kv;
-    }
-    std::memcpy(s + static_cast<int64_t>(k) * ncols, acc, sizeof(float) * ncols);
-  }
-}
+}  // namespace
 
-void softmax_tile(float* s, int nkeys, int ncols, float scale, float* m, float* l, float* alpha) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  for (int c = 0; c < ncols; ++c) {
-    float mx = ninf;
-    for (int k = 0; k < nkeys; ++k) mx = std::fmax(mx, s[k * ncols + c] * scale);
-    const float m_new = std::fmax(m[c], mx);
-    alpha[c] = m[c] == ninf ? 0.0f : std::exp(m[c] - m_new);
-    // all scores -inf: exp(-inf - 0) = 0 instead of exp(-inf + inf) = nan, as the reference
-    const float shift = m_new == ninf ? 0.0f : m_new;
-    float sum = 0.0f;
-    for (int k = 0; k < nkeys; ++k) {
-      const float p = std::exp(s[k * ncols + c] * scale - shift);
-      s[k * ncols + c] = p;
-      sum += p;
-    }
-    l[c] = l[c] * alpha[c] + sum;
-    m[c] = m_new;
-  }
-}
-
-void pv_f32(const float* p, int ncols, const float* const* rows, int nkeys, int64_t dv, float* o,
-            int64_t o_stride, const float* alpha) {
-  for (int h = 0; h < ncols; ++h) {
-    float* oh = o + h * o_stride;
-    const float a = alpha[h];
-    for (int64_t d = 0; d < dv; ++d) oh[d] *= a;
-    for (int k = 0; k < nkeys; ++k) {
-      const float pk = p[k * ncols + h];
-      const float* row = rows[k];
-      for (int64_t d = 0; d < dv; ++d) oh[d] += pk * row[d];
-    }
-  }
-}
+namespace scalar {
 
 void indexer_reduce(const float* s, int nkeys, int nvec, const int* vec_slot, const int* vec_lanes,
                     const float* w, const float* key_scale, float* const* out) {
@@ -123,7 +79,16 @@ void fp8_to_bf16(const uint8_t* src, int64_t n, uint16_t* dst) {
   }
 }
 
-}  // namespace
+}  // namespace scalar
+
+// Baseline: one 128-bit register per vector (16 on SSE2, 32 on NEON); the QK block keeps
+// 8 accumulators, 4 query vectors and a broadcast in registers.
+#define GLM5_VEC_FLOATS 4
+#define GLM5_PORTABLE_FMA(a, b, c) ((a) * (b) + (c))
+#define GLM5_QK_VECS 4
+#define GLM5_QK_KEYS 2
+#define GLM5_PV_VECS 2
+#include "dsa_kernels_portable.h"
 
 const float* fp8_table() {
   static const struct Table {
@@ -136,7 +101,8 @@ const float* fp8_table() {
 }
 
 const Kernels& generic_kernels() {
-  static const Kernels k{0, qk_f32, nullptr, softmax_tile, pv_f32, nullptr, indexer_reduce, to_f32, fp8_to_bf16};
+  static const Kernels k{0,       portable_qk_f32,        nullptr,          portable_softmax_tile, portable_pv_f32,
+                         nullptr, scalar::indexer_reduce, scalar::to_f32, scalar::fp8_to_bf16};
   return k;
 }
 

@@ -551,8 +551,9 @@ int main() {
     std::printf("tier %d\n", glm5::dsa_isa());
     const glm5::dsa::Kernels* K = &glm5::dsa::generic_kernels();
 #if GLM5_DSA_X86
-    if (tier == 1) K = glm5::dsa::avx512_kernels();
-    if (tier == 2) K = glm5::dsa::avx512_bf16_kernels();
+    if (tier == 1) K = glm5::dsa::avx2_kernels();
+    if (tier == 2) K = glm5::dsa::avx512_kernels();
+    if (tier == 3) K = glm5::dsa::avx512_bf16_kernels();
 #endif
     test_tier_helpers(*K);
     for (DType d : {DType::F32, DType::F16, DType::BF16}) {
