@@ -573,7 +573,8 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
   const int64_t hp = round_up(st.heads, kLanes);
   const int64_t vecs_per_query = hp / kLanes;
   const int64_t qdepth = path == IdxPath::Bf16Dot ? (st.dim + 1) / 2 : st.dim;  // rows of a packed Q^T
-  const int64_t gq = st.max_group_queries;
+  int64_t gq = 1;  // queries in the largest group: sizes the per-query scratch
+  for (const QueryGroup& g : st.groups) gq = std::max(gq, g.nq);
   const int64_t max_vecs = gq * vecs_per_query;
   const int64_t max_cgroups = (max_vecs + kMaxVecs - 1) / kMaxVecs;
 
