@@ -731,11 +731,18 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
             krows = sc.srows.data();
           } else if (path == IdxPath::F32Staged) {
             for (int i = 0; i < n; ++i) {
-              K.to_f32(st.kdtype, sc.rows[i], st.dim, sc.staged.data() + i * st.dim);
-              sc.srows[i] = sc.staged.data() + i * st.dim;
+              float* row = sc.staged.data() + i * st.dim;
+              K.to_f32(st.kdtype, sc.rows[i], st.dim, row);
+              // FP8 keys dequantised as the contract writes it, k_fp8.float() * k_scale, so
+              // an fp32 query gets exactly the float-key result on dequantised keys
+              if (fp8)
+                for (int64_t d = 0; d < st.dim; ++d) row[d] *= sc.scales[i];
+              sc.srows[i] = row;
             }
             krows = sc.srows.data();
           }
+          // the bfloat16 dot path stages exact bf16(e4m3) keys; the scale multiplies each dot
+          const float* key_scale = (fp8 && path == IdxPath::Bf16Dot) ? sc.scales.data() : nullptr;
           float** tile_out = sc.tile_out.data();
           for (int64_t qs = 0; qs < grp.nq; ++qs) tile_out[qs] = out_rows[qs] + (k0 - c0);
           for (int cgi = 0; cgi < ncg; ++cgi) {
@@ -747,7 +754,7 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
             else
               K.qk_f32(qpack, cg.nvec, reinterpret_cast<const float* const*>(krows), n, st.dim, sc.s.data());
             K.indexer_reduce(sc.s.data(), n, cg.nvec, cg.vec_slot, cg.vec_lanes,
-                             sc.w.data() + cgi * kMaxVecs * kLanes, fp8 ? sc.scales.data() : nullptr, tile_out);
+                             sc.w.data() + cgi * kMaxVecs * kLanes, key_scale, tile_out);
           }
         }
         for (int64_t qs = 0; qs < grp.nq; ++qs) {
