@@ -18,8 +18,10 @@ $(VENV)/.installed: $(VENV)/.requirements $(NATIVE)
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $@
 
+# `make conformance REPORTS=reports` also writes JSON, JUnit XML and Markdown into reports/.
+REPORTS ?=
 conformance: setup
-	$(VENV)/bin/glm5-hal conformance
+	$(VENV)/bin/glm5-hal conformance $(if $(REPORTS),--json $(REPORTS)/conformance.json --junit $(REPORTS)/conformance.xml --markdown $(REPORTS)/conformance.md)
 
 test: setup
 	$(PY) -m pytest -n auto

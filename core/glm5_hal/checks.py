@@ -6,6 +6,7 @@ while tracing; data-dependent checks (index ranges) live in each op's `check_val
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, NoReturn, Sequence
 
 import torch
@@ -80,7 +81,7 @@ def integer(op: str, arg: str, v: object, *, min_value: int | None = None) -> in
 
 def number(op: str, arg: str, v: object, *, min_value: float | None = None,
            exclusive_min: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         fail(op, arg, "a finite number", repr(v))
     if min_value is not None and (v <= min_value if exclusive_min else v < min_value):
         fail(op, arg, f"a number {'>' if exclusive_min else '>='} {min_value}", v)

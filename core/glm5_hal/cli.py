@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -43,6 +44,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.collectives:
+        from .bench import collectives
+        sizes = collectives.parse_sizes(args.sizes) if args.sizes else collectives.DEFAULT_SIZES
+        report = collectives.launch(world_size=args.world_size, sizes=sizes)
+        print(collectives.format_report(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"collectives": report}, f, indent=2)
+        return 0 if collectives.total_wrong(report) == 0 else 1
     from .bench import dispatch
     rows = dispatch.measure()
     print("dispatch overhead (glm5_hal.ops.<op> minus a direct call of the chosen implementation)")
@@ -51,6 +61,48 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"dispatch": rows}, f, indent=2)
     return 0
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    """Runs the conformance suite; exit status 1 iff a case failed or errored."""
+    from .conformance import report, runner, suite
+    from .conformance.progress import Progress
+    runner.check_reference_mode(args.ref)
+    backends = suite.resolve_backends(args.backend)
+    ops, presets = suite.resolve_ops(args.op), suite.resolve_presets(args.preset)
+    items = suite.plan(backends, ops, presets)
+    workers = (os.cpu_count() or 1) if args.n == "auto" else int(args.n)
+    print(f"conformance: {len(items)} cases, backends {', '.join(backends)}, presets "
+          f"{', '.join(presets)}, reference {args.ref}, {workers} worker(s)", file=sys.stderr)
+    progress = Progress(items)
+    try:
+        records = runner.run_all(items, args.ref, workers=workers, choices=(backends, ops, presets),
+                                 on_record=progress)
+    finally:
+        progress.close()
+    print(report.format_matrix(records))
+    if not args.backend:
+        import glm5_hal as hal
+        for r in hal.backends():
+            if not r.available and r.name != "reference":
+                print(f"note: not tested (unavailable): {r.name}: {r.error or r.reason}")
+    missing = suite.ops_without_cases()
+    if missing and not args.op:
+        print(f"note: ops without conformance cases yet: {', '.join(missing)}")
+    if args.json or args.junit or args.markdown:
+        meta = report.metadata(backends, ops, presets, args.ref, workers)
+        for path, write in ((args.json, report.write_json), (args.junit, report.write_junit),
+                            (args.markdown, report.write_markdown)):
+            if path:
+                write(path, records, meta)
+                print(f"wrote {path}")
+    return 1 if report.failed(records) else 0
+
+
+def _workers(text: str) -> str:
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'auto', got {text!r}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (ratios against the reference; not tests)")
     p.add_argument("--json", metavar="F", help="also write the results as JSON to F")
+    p.add_argument("--collectives", action="store_true",
+                   help="collective bandwidth through glm5_hal.dist (nccl-tests' algbw/busbw) "
+                        "on --world-size spawned local ranks")
+    p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks for --collectives")
+    p.add_argument("--sizes", metavar="LIST", help="message sizes for --collectives, e.g. 4K,1M,64M")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("conformance", help="judge backends against the reference (docs/conformance.md)")
+    p.add_argument("--backend", action="append", metavar="B",
+                   help="backend to test (repeatable; default: every available one except reference)")
+    p.add_argument("--op", action="append", metavar="O", help="op to test (repeatable; default: all with cases)")
+    p.add_argument("--preset", action="append", metavar="P", choices=("tiny", "glm5"),
+                   help="case preset (repeatable; default: tiny and glm5)")
+    p.add_argument("--ref", default="cpu", choices=("cpu", "cuda"),
+                   help="reference: float64 on the CPU (default) or float32 on a CUDA device")
+    p.add_argument("-n", default="1", type=_workers, metavar="N",
+                   help="worker processes (a number or 'auto'; results equal -n 1)")
+    p.add_argument("--json", metavar="F", help="write one record per case plus run metadata to F")
+    p.add_argument("--junit", metavar="F", help="write JUnit XML to F (for CI)")
+    p.add_argument("--markdown", metavar="F", help="write the matrix as Markdown to F (README, PR)")
+    p.set_defaults(func=_cmd_conformance)
     return parser
 
 
