@@ -369,6 +369,9 @@ def test_bfloat16_model_tracks_float32():
     full = model_for(TINY, seed=36)
     half = GLM5ForCausalLM(TINY, seed=36, dtype=torch.bfloat16)
     assert half.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    bias = half.model.layers[1].mlp.gate.e_score_correction_bias
+    assert bias.dtype == torch.float32            # kept exact, as HF keeps it
+    assert torch.equal(bias, full.model.layers[1].mlp.gate.e_score_correction_bias)
     a = full.prefill(full.new_cache(4), ["s"], [ids])
     b = half.prefill(half.new_cache(4), ["s"], [ids])
     assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.95
@@ -462,3 +465,8 @@ def test_demo_pinned_to_the_reference_reports_no_fallbacks():
 def test_demo_with_an_unknown_backend_fails_cleanly(capsys):
     assert cli.main(["demo", "--tokens", "2", "--backend", "no-such-backend"]) == 2
     assert "no-such-backend" in capsys.readouterr().err
+
+
+def test_demo_with_an_unusable_device_fails_cleanly(capsys):
+    assert cli.main(["demo", "--tokens", "2", "--device", "no-such-device"]) == 2
+    assert "no-such-device" in capsys.readouterr().err

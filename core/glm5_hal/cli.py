@@ -117,9 +117,18 @@ def _cmd_new_backend(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Generates with the tiny GLM-5-architecture model (glm5_hal.models) through the HAL."""
+    import torch
+
     from .models import demo
+    try:
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError) as exc:   # unknown device string, or torch built without it
+        print(f"glm5-hal demo: error: device {args.device!r} is not usable: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     demo.run(tokens=args.tokens, backend=args.backend, seed=args.seed, prompt_len=args.prompt_len,
-             dtype=args.dtype, fp8_indexer=args.fp8_indexer)
+             dtype=args.dtype, fp8_indexer=args.fp8_indexer, device=args.device)
     return 0
 
 
@@ -182,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="model dtype (default float32)")
     p.add_argument("--fp8-indexer", action="store_true", help="FP8 indexer keys and queries")
+    p.add_argument("--device", default="cpu", help="torch device of the model and its cache (default cpu)")
+    p.add_argument("--threads", type=_positive_int, metavar="T",
+                   help="torch intra-op threads (default: torch's; the tiny model often runs "
+                        "fastest with 1)")
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -31,14 +31,15 @@ def describe(config: GLM5Config) -> str:
 
 
 def run(tokens: int = 32, backend: str | None = None, seed: int = 0, prompt_len: int = 16,
-        dtype: str = "float32", fp8_indexer: bool = False, out: TextIO | None = None) -> dict:
+        dtype: str = "float32", fp8_indexer: bool = False, device: str = "cpu",
+        out: TextIO | None = None) -> dict:
     """Builds the tiny model (weights from `seed`), generates `tokens` tokens greedily after
     a random prompt of `prompt_len` tokens, and reports speed, the implementation serving
     each op (hal.explain of the op's first call in a prefill and in a decode step) and the
     fallbacks counted while the demo ran. Returns the same facts as a dict."""
     out = out or sys.stdout
     config = GLM5Config.tiny(indexer_fp8=fp8_indexer)
-    model = GLM5ForCausalLM(config, seed=seed, dtype=DTYPES[dtype])
+    model = GLM5ForCausalLM(config, seed=seed, dtype=DTYPES[dtype], device=device)
     prompt = torch.randint(0, config.vocab_size, (prompt_len,),
                            generator=torch.Generator().manual_seed(seed)).tolist()
     pin = registry.use(backend) if backend else contextlib.nullcontext()
@@ -59,7 +60,7 @@ def run(tokens: int = 32, backend: str | None = None, seed: int = 0, prompt_len:
 
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"glm5-hal demo: a tiny GLM-5-architecture model: {describe(config)}")
-    p(f"weights: random, seed {seed}; {dtype} on cpu; dispatch: "
+    p(f"weights: random, seed {seed}; {dtype} on {model.device}; dispatch: "
       + (f"pinned to backend {backend!r}" if backend else "default (best available backend per op)"))
     p(f"prompt ({len(prompt)} tokens): {' '.join(map(str, prompt))}")
     p(f"generated ({len(generated)} tokens): {' '.join(map(str, generated))}")

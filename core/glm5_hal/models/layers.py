@@ -86,6 +86,16 @@ class Router(nn.Module):
         # router logits in float32, as HF and DeepSeek-V3.2 compute them
         return F.linear(x.float(), self.weight.float())
 
+    def _apply(self, fn, recurse=True):
+        # The bias stays float32 whatever the model dtype (HF: _keep_in_fp32_modules_strict):
+        # it decides expert selection, where a bf16 rounding would flip near choices.
+        original = self.e_score_correction_bias
+        module = super()._apply(fn, recurse)
+        moved = self.e_score_correction_bias
+        if moved.dtype != torch.float32:
+            self._buffers["e_score_correction_bias"] = original.to(device=moved.device, dtype=torch.float32)
+        return module
+
 
 class Experts(nn.Module):
     """`mlp.experts`: routed expert weights stacked in grouped_gemm's [E, N, K] layout.
