@@ -120,7 +120,7 @@ class Experts(nn.Module):
 def _experts_to_checkpoint_layout(module: Experts, state_dict, prefix: str, local_metadata) -> None:
     gate_up = state_dict.pop(prefix + "gate_up_proj", None)
     down = state_dict.pop(prefix + "down_proj", None)
-    if gate_up is None or down is None:  # keep_vars / partial dicts: nothing to rewrite
+    if gate_up is None or down is None:  # a dict already rewritten or filtered: leave it
         return
     i = module.intermediate_size
     for e in range(module.num_experts):
