@@ -30,7 +30,7 @@ void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_
   const vec::Kernels& K = vec::kernels();
   std::vector<float> w(static_cast<size_t>(dim));
   K.load(weight_dtype, weight, dim, w.data());
-  const int64_t xe = elem_size(x_dtype);
+  const int64_t xe = dtype_bytes(x_dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
   advise_fresh_output(ob, rows * out_row_stride * xe);
@@ -56,7 +56,7 @@ void silu_and_mul(void* out, const void* x, int64_t rows, int64_t n, int64_t x_r
   require_float(dtype, op, "x");
   if (rows == 0) return;
   const vec::Kernels& K = vec::kernels();
-  const int64_t es = elem_size(dtype);
+  const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
   advise_fresh_output(ob, rows * out_row_stride * es);
@@ -95,7 +95,7 @@ void apply_rope(void* out, const void* x, const void* positions, DType positions
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
     inv_freq[i] = std::pow(theta, static_cast<double>(i) * (-2.0 / static_cast<double>(rot_dim)));
-  const int64_t es = elem_size(dtype);
+  const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
   advise_fresh_output(ob, tokens * out_token_stride * es);
@@ -130,7 +130,7 @@ void hadamard_transform(void* out, const void* x, int64_t rows, int64_t dim, int
   require_float(dtype, op, "x");
   if (rows == 0) return;
   const vec::Kernels& K = vec::kernels();
-  const int64_t es = elem_size(dtype);
+  const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(x);
   char* ob = static_cast<char*>(out);
   advise_fresh_output(ob, rows * out_row_stride * es);

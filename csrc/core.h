@@ -131,7 +131,7 @@ inline int clamp_threads(int n) { return n < 1 ? 1 : n; }
 inline bool is_float(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
 
 // Bytes per element; 0 for an unknown code.
-inline int64_t elem_size(DType d) {
+inline int64_t dtype_bytes(DType d) {
   switch (d) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;

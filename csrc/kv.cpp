@@ -67,7 +67,7 @@ void indexer_k_cache_write(const void* k, int64_t tokens, int64_t dim, int64_t k
   check_slots(op, slots, slot_dtype, tokens, num_slots);
   if (tokens == 0) return;
   const vec::Kernels& K = vec::kernels();
-  const int64_t es = elem_size(k_dtype);
+  const int64_t es = dtype_bytes(k_dtype);
   const char* kb = static_cast<const char*>(k);
   const int nt = threads_for(tokens * dim * 4, num_threads);
 #pragma omp parallel num_threads(nt)

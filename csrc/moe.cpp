@@ -101,7 +101,7 @@ void moe_unpermute(void* out, const void* y, int64_t rows, int64_t dim, int64_t 
   bool one_row_per_slot = true;
   for (int64_t s = 0; s < slots && one_row_per_slot; ++s) one_row_per_slot = start[s + 1] - start[s] <= 1;
   const vec::Kernels& K = vec::kernels();
-  const int64_t es = elem_size(dtype);
+  const int64_t es = dtype_bytes(dtype);
   const char* yb = static_cast<const char*>(y);
   char* ob = static_cast<char*>(out);
   advise_fresh_output(ob, tokens * dim * es);

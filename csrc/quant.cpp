@@ -23,7 +23,7 @@ void fp8_block_quant(uint8_t* q, float* scale, const void* x, int64_t rows, int6
   require_float(dtype, op, "x");
   if (rows == 0 || cols == 0) return;
   const vec::Kernels& K = vec::kernels();
-  const int64_t es = elem_size(dtype);
+  const int64_t es = dtype_bytes(dtype);
   const int64_t blocks = cols / block;
   const char* xb = static_cast<const char*>(x);
   advise_fresh_output(q, rows * cols);

@@ -129,7 +129,7 @@ void weighted_sum(DType dtype, const void* const* rows, const float* w, int64_t 
   // all rows, then round once; the tail goes through accumulate_row.
   constexpr int64_t kChunk = 128;
   alignas(64) float acc[kChunk];
-  const int64_t es = glm5::elem_size(dtype);
+  const int64_t es = glm5::dtype_bytes(dtype);
   char* ob = static_cast<char*>(out);
   int64_t c = 0;
   for (; c + kChunk <= n; c += kChunk) {

@@ -56,7 +56,7 @@ struct Buf {
   DType dtype;
   std::vector<uint8_t> raw;
   size_t n;
-  Buf(DType d, size_t count) : dtype(d), raw(count * glm5::elem_size(d)), n(count) {}
+  Buf(DType d, size_t count) : dtype(d), raw(count * glm5::dtype_bytes(d)), n(count) {}
   void set(size_t i, float v) {
     if (dtype == DType::F32) std::memcpy(raw.data() + 4 * i, &v, 4);
     else {
@@ -179,7 +179,7 @@ void test_moe(int tier) {
       CHECK(tpe[e] == std::count(ids.begin(), ids.end(), e), "tokens_per_expert[%d]", e);
     Buf x = random_buf(d, T * D);
     Buf xp(d, M * D);
-    const int64_t es = glm5::elem_size(d);
+    const int64_t es = glm5::dtype_bytes(d);
     glm5::moe_permute_gather(xp.data(), x.data(), T, D * es, D * es, src.data(), M, k, 2);
     for (int64_t r = 0; r < M; ++r)
       CHECK(std::memcmp(xp.raw.data() + r * D * es, x.raw.data() + (src[r] / k) * D * es, D * es) == 0,
@@ -220,7 +220,7 @@ void test_moe(int tier) {
 void test_kv(int tier) {
   const int64_t blocks = 5, bs = 4, D = 19, slots = blocks * bs;
   for (DType d : {DType::F32, DType::BF16}) {
-    const int64_t es = glm5::elem_size(d);
+    const int64_t es = glm5::dtype_bytes(d);
     Buf cache = random_buf(d, slots * D), values = random_buf(d, 7 * D);
     std::vector<int64_t> sm = {3, -1, 19, 0, -1, 7, 12};
     Buf want = cache;
