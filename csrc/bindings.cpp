@@ -217,5 +217,19 @@ PYBIND11_MODULE(_C, m) {
                                 dt(d), nt);
         },
         py::call_guard<py::gil_scoped_release>());
+  m.def("int4_quantize",
+        [](uintptr_t fake, uintptr_t packed, uintptr_t scale, uintptr_t w, int64_t rows, int64_t cols, int64_t ws,
+           int64_t group, int d, int nt) {
+          glm5::int4_quantize(ptr<void>(fake), ptr<int32_t>(packed), ptr<float>(scale), ptr<const void>(w), rows, cols,
+                              ws, group, dt(d), nt);
+        },
+        py::call_guard<py::gil_scoped_release>(), "int4_fake_quant (fake != 0) and/or int4_pack (packed, scale)");
+  m.def("int4_unpack",
+        [](uintptr_t out, uintptr_t packed, uintptr_t scale, int64_t rows, int64_t words, int64_t ps, int64_t group,
+           int nt) {
+          glm5::int4_unpack(ptr<float>(out), ptr<const int32_t>(packed), ptr<const float>(scale), rows, words, ps, group,
+                            nt);
+        },
+        py::call_guard<py::gil_scoped_release>());
   // ---- end quant ----
 }

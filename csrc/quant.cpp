@@ -44,4 +44,99 @@ void fp8_block_quant(uint8_t* q, float* scale, const void* x, int64_t rows, int6
   }
 }
 
+namespace {
+
+constexpr float kInt4Max = 7.0f;
+constexpr float kInt4MinScale = 1e-5f;
+
+// round half to even for |v| < 2^22 (adding and removing 1.5 * 2^23 leaves the rounded value);
+// then clamp to [-7, 7]; nan -> 0 (a defined value instead of an undefined conversion).
+inline int32_t int4_level(float v) {
+  float r = (v + 12582912.0f) - 12582912.0f;
+  r = r < -kInt4Max ? -kInt4Max : r;
+  r = r > kInt4Max ? kInt4Max : r;
+  return r == r ? static_cast<int32_t>(r) : 0;
+}
+
+}  // namespace
+
+void int4_quantize(void* fake, int32_t* packed, float* scale, const void* w, int64_t rows, int64_t cols,
+                   int64_t w_row_stride, int64_t group, DType dtype, int num_threads) {
+  const char* op = packed ? "int4_pack" : "int4_fake_quant";
+  require(rows >= 0 && cols >= 0, op, "w", "sizes >= 0", str(rows) + ", " + str(cols));
+  require(group >= 1, op, "group_size", "an int >= 1", str(group));
+  require(cols % group == 0, op, "group_size", "a divisor of K = " + str(cols), str(group));
+  require(!packed || cols % 8 == 0, op, "w", "a last dim K divisible by 8 (nibbles per int32 word)", str(cols));
+  require(w_row_stride >= 0, op, "w", "a row stride >= 0", str(w_row_stride));
+  require_float(dtype, op, "w");
+  if (rows == 0 || cols == 0) return;
+  require(fake || packed || scale, op, "out", "at least one output", "none");
+  const vec::Kernels& K = vec::kernels();
+  const int64_t es = dtype_bytes(dtype);
+  const int64_t groups = cols / group;
+  const char* wb = static_cast<const char*>(w);
+  char* fb = static_cast<char*>(fake);
+  if (fb) advise_fresh_output(fb, rows * cols * es);
+  const int nt = threads_for(rows * cols * 4, num_threads);
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> buf(static_cast<size_t>(cols));
+    std::vector<int32_t> q(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      K.load(dtype, wb + r * w_row_stride * es, cols, buf.data());
+      for (int64_t g = 0; g < groups; ++g) {
+        float* x = buf.data() + g * group;
+        int32_t* qg = q.data() + g * group;
+        float s = K.abs_max(x, group) / kInt4Max;
+        s = s < kInt4MinScale ? kInt4MinScale : s;  // nan stays nan, as torch's clamp_min
+        if (scale) scale[r * groups + g] = s;
+        for (int64_t i = 0; i < group; ++i) qg[i] = int4_level(x[i] / s);
+        if (fb) {
+          for (int64_t i = 0; i < group; ++i) x[i] = static_cast<float>(qg[i]) * s;
+        }
+      }
+      if (fb) K.store(dtype, buf.data(), cols, fb + r * cols * es);
+      if (packed) {
+        int32_t* words = packed + r * (cols / 8);
+        for (int64_t j = 0; j < cols / 8; ++j) {
+          uint32_t word = 0;
+          for (int i = 0; i < 8; ++i) word |= static_cast<uint32_t>(q[8 * j + i] + 8) << (4 * i);
+          words[j] = static_cast<int32_t>(word);
+        }
+      }
+    }
+  }
+}
+
+void int4_unpack(float* out, const int32_t* packed, const float* scale, int64_t rows, int64_t words,
+                 int64_t packed_row_stride, int64_t group, int num_threads) {
+  const char* op = "int4_unpack";
+  require(rows >= 0 && words >= 0, op, "packed", "sizes >= 0", str(rows) + ", " + str(words));
+  require(group >= 1, op, "group_size", "an int >= 1", str(group));
+  const int64_t cols = 8 * words;
+  require(cols % group == 0, op, "group_size", "a divisor of K = " + str(cols) + " (8 * packed.shape[1])", str(group));
+  require(packed_row_stride >= 0, op, "packed", "a row stride >= 0", str(packed_row_stride));
+  if (rows == 0 || cols == 0) return;
+  const int64_t groups = cols / group;
+  advise_fresh_output(out, rows * cols * 4);
+  const int nt = threads_for(rows * cols * 2, num_threads);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t* pw = reinterpret_cast<const uint32_t*>(packed + r * packed_row_stride);
+    const float* sr = scale + r * groups;
+    float* o = out + r * cols;
+    if (group % 8 == 0) {  // one scale per word
+      for (int64_t j = 0; j < words; ++j) {
+        const uint32_t word = pw[j];
+        const float s = sr[(8 * j) / group];
+        for (int i = 0; i < 8; ++i) o[8 * j + i] = static_cast<float>(static_cast<int32_t>((word >> (4 * i)) & 0xfu) - 8) * s;
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c)
+        o[c] = static_cast<float>(static_cast<int32_t>((pw[c >> 3] >> (4 * (c & 7))) & 0xfu) - 8) * sr[c / group];
+    }
+  }
+}
+
 }  // namespace glm5

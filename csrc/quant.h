@@ -17,4 +17,17 @@ float fp8_block_scale(float amax, bool ue8m0);
 void fp8_block_quant(uint8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
                      int64_t block, bool ue8m0, DType dtype, int num_threads);
 
+// Symmetric INT4 of w[rows, cols] (row stride w_row_stride elements), per group of `group`
+// consecutive elements of a row: s = max(amax / 7, 1e-5), q = clamp(round_half_even(w / s), -7, 7)
+// (a nan element gives q = 0 in its group; its scale is nan). Writes whichever outputs are given:
+// fake[rows, cols] = q * s in `dtype` (contiguous); packed[rows, cols / 8] int32 with nibble
+// q + 8 of element 8j + i in bits 4i..4i+3 of word j (cols % 8 == 0); scale[rows, cols / group].
+void int4_quantize(void* fake, int32_t* packed, float* scale, const void* w, int64_t rows, int64_t cols,
+                   int64_t w_row_stride, int64_t group, DType dtype, int num_threads);
+
+// out[rows, 8 * words] float32 = (nibble - 8) * scale[r, col / group] of packed[rows, words]
+// (row stride packed_row_stride words), scale[rows, 8 * words / group] contiguous.
+void int4_unpack(float* out, const int32_t* packed, const float* scale, int64_t rows, int64_t words,
+                 int64_t packed_row_stride, int64_t group, int num_threads);
+
 }  // namespace glm5

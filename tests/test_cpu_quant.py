@@ -96,3 +96,51 @@ def test_int4_ops_and_w4a16_match_reference(dtype):
     assert chosen("w4a16_gemm", x, packed, scale, 32) == "cpu.w4a16_gemm"
     assert_close(hal.ops.w4a16_gemm(x, packed, scale, 32), reference("w4a16_gemm", x, packed, scale, 32), dtype,
                  widen=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 9), groups=st.integers(1, 4), group=st.sampled_from([1, 2, 3, 8, 16, 24, 128]),
+       dtype=st.sampled_from(FLOATS), log_scale=st.integers(-20, 10), seed=st.integers(0, 2**31 - 1),
+       tier_=st.sampled_from(TIERS))
+def test_property_int4_native_bit_exact(n, groups, group, dtype, log_scale, seed, tier_):
+    g = torch.Generator().manual_seed(seed)
+    k = groups * group
+    w = (torch.randn(n, k, generator=g) * 2.0 ** log_scale).to(dtype)
+    with isa_limit(tier_):
+        assert torch.equal(cpu_impl("int4_fake_quant")(w, group), hal.reference.int4_fake_quant(w, group))
+        if k % 8 == 0:
+            packed, scale = cpu_impl("int4_pack")(w, group)
+            rp, rs = hal.reference.int4_pack(w, group)
+            assert torch.equal(packed, rp) and torch.equal(scale, rs)
+            assert torch.equal(cpu_impl("int4_unpack")(packed, scale, group), hal.reference.int4_unpack(rp, rs, group))
+
+
+def test_int4_non_contiguous_and_nan():
+    g = gen("int4-views")
+    w = torch.randn(64, 12, generator=g).t()                 # [12, 64], column-major
+    assert torch.equal(hal.ops.int4_fake_quant(w, 16), hal.reference.int4_fake_quant(w, 16))
+    packed, scale = hal.ops.int4_pack(w, 32)
+    assert torch.equal(packed, hal.reference.int4_pack(w, 32)[0])
+    wide = torch.randint(-2**31, 2**31 - 1, (3, 8), generator=g, dtype=torch.int32)[:, ::2]
+    s = torch.rand(3, 2, generator=g)
+    assert torch.equal(hal.ops.int4_unpack(wide, s, 16), hal.reference.int4_unpack(wide, s, 16))
+    bad = torch.ones(2, 16)
+    bad[0, 3] = float("nan")
+    out = hal.ops.int4_fake_quant(bad, 8)                     # a defined result, no crash
+    assert torch.isnan(out[0, :8]).all() and torch.equal(out[1], torch.ones(16))
+
+
+def test_native_int4_rejects_bad_arguments():
+    w = torch.randn(2, 16)
+    packed = torch.zeros(2, 2, dtype=torch.int32)
+    scale = torch.zeros(2, 2)
+    out = torch.zeros(2, 16)
+    for args in [(2, 16, 16, 3, 0), (2, 16, 16, 0, 0), (2, 12, 16, 4, 0), (2, 16, -1, 8, 0), (2, 16, 16, 8, 4)]:
+        with pytest.raises(InvalidInputError):
+            _C.int4_quantize(0, packed.data_ptr(), scale.data_ptr(), w.data_ptr(), *args, 1)
+    with pytest.raises(InvalidInputError, match="at least one output"):
+        _C.int4_quantize(0, 0, 0, w.data_ptr(), 2, 16, 16, 8, 0, 1)
+    for args in [(2, 2, 2, 3), (2, 2, 2, 0), (2, 2, -2, 8), (-1, 2, 2, 8)]:
+        with pytest.raises(InvalidInputError):
+            _C.int4_unpack(out.data_ptr(), packed.data_ptr(), scale.data_ptr(), *args, 1)
+    assert (packed == 0).all() and (scale == 0).all() and (out == 0).all()

@@ -312,6 +312,39 @@ void test_fp8_block_quant(int tier) {
   }
 }
 
+void test_int4(int tier) {
+  for (DType d : kFloats)
+    for (int64_t group : {1, 3, 8, 24}) {
+      const int64_t rows = 3, cols = 48;
+      Buf w = random_buf(d, rows * cols, 0.5f);
+      Buf fake(d, rows * cols);
+      std::vector<int32_t> packed(rows * cols / 8);
+      std::vector<float> scale(rows * cols / group);
+      glm5::int4_quantize(fake.data(), packed.data(), scale.data(), w.data(), rows, cols, cols, group, d, 2);
+      std::vector<float> back(rows * cols);
+      glm5::int4_unpack(back.data(), packed.data(), scale.data(), rows, cols / 8, cols / 8, group, 2);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < cols / group; ++g) {
+          double amax = 0;
+          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(w.get(r * cols + g * group + i)));
+          const float s = std::max(static_cast<float>(amax) / 7.0f, 1e-5f);
+          CHECK(scale[r * (cols / group) + g] == s, "int4 scale tier %d %s g=%lld", tier, name(d), (long long)group);
+          for (int64_t i = 0; i < group; ++i) {
+            const int64_t c = r * cols + g * group + i;
+            const float q = std::max(-7.0f, std::min(7.0f, std::nearbyint(static_cast<float>(w.get(c)) / s)));
+            CHECK(back[c] == q * s, "int4 unpack tier %d %s", tier, name(d));
+            CHECK(close(fake.get(c), static_cast<double>(q * s), d), "int4 fake tier %d %s", tier, name(d));
+          }
+        }
+      std::vector<int32_t> before(packed);
+      CHECK(throws_invalid([&] {
+              glm5::int4_quantize(nullptr, packed.data(), scale.data(), w.data(), rows, 44, cols, 4, d, 2);
+            }),
+            "int4_pack accepts K = 44");
+      CHECK(packed == before, "int4_pack wrote before raising");
+    }
+}
+
 void test_bad_codes() {
   std::vector<float> x(8, 1.0f), out(8, 7.0f);
   CHECK(throws_invalid([&] {
@@ -340,6 +373,7 @@ int main() {
     test_moe(tier);
     test_kv(tier);
     test_fp8_block_quant(tier);
+    test_int4(tier);
   }
   test_bad_codes();
   std::printf("test_kernels: tiers 0..%d, %d checks, %d failed\n", max_tier, g_checks, g_failures);
