@@ -83,7 +83,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("decode step, ms (batch 4, 64 heads)")
-    impls = sorted({r["dense_impl"] for r in rows} | {r["sparse_impl"] for r in rows})
+    impls = sorted({r[k] for r in rows for k in ("indexer_impl", "sparse_impl", "dense_impl")})
     ax.set_title(f"GLM-5 attention decode: DSA (top-{rows[0]['topk']}) vs dense\n{', '.join(impls)}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
