@@ -176,6 +176,14 @@ PYBIND11_MODULE(_C, m) {
                               ptr<const float>(weights), tokens, k, dt(d), nt);
         },
         py::call_guard<py::gil_scoped_release>());
+  m.def("moe_route",
+        [](uintptr_t weights, uintptr_t ids, uintptr_t logits, int ld, int64_t tokens, int64_t experts, int64_t ls,
+           uintptr_t bias, int bd, int64_t top_k, int64_t n_group, int64_t topk_group, float scale, bool norm,
+           bool softmax, int nt) {
+          glm5::moe_route(ptr<float>(weights), ptr<int32_t>(ids), ptr<const void>(logits), dt(ld), tokens, experts, ls,
+                          ptr<const void>(bias), dt(bd), top_k, n_group, topk_group, scale, norm, softmax, nt);
+        },
+        py::call_guard<py::gil_scoped_release>(), "bias = 0: no bias");
   // ---- end moe ----
 
   // ---- kv ----

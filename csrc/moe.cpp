@@ -1,6 +1,7 @@
 #include "moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -22,6 +23,100 @@ void check_src(const char* op, const int32_t* src, int64_t rows, int64_t flat) {
 }
 
 }  // namespace
+
+namespace {
+
+// nan compares as +inf: a strict weak order (std::partial_sort needs one), nan ranked highest
+// as torch.topk ranks it.
+inline float rank_value(float x) { return x != x ? std::numeric_limits<float>::infinity() : x; }
+
+// The indices of the `k` largest of v[0, n) (n >= k), by descending value, ties by index.
+void top_indices(const float* v, int64_t n, int64_t k, int32_t* order, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+  std::partial_sort(order, order + k, order + n, [v](int32_t a, int32_t b) {
+    const float va = rank_value(v[a]), vb = rank_value(v[b]);
+    return va > vb || (va == vb && a < b);
+  });
+  std::copy(order, order + k, out);
+}
+
+}  // namespace
+
+void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dtype, int64_t tokens, int64_t experts,
+               int64_t logits_row_stride, const void* bias, DType bias_dtype, int64_t top_k, int64_t n_group,
+               int64_t topk_group, float routed_scaling_factor, bool norm_topk_prob, bool softmax, int num_threads) {
+  const char* op = "moe_route";
+  require(tokens >= 0, op, "logits", "T >= 0", str(tokens));
+  require(experts >= 1 && experts <= kMaxInt32, op, "logits", "E in [1, 2^31 - 1]", str(experts));
+  require(logits_row_stride >= 0, op, "logits", "a row stride >= 0", str(logits_row_stride));
+  require_float(logits_dtype, op, "logits");
+  if (bias) require_float(bias_dtype, op, "bias");
+  require(n_group >= 1 && experts % n_group == 0, op, "n_group", "a divisor of the expert count " + str(experts),
+          str(n_group));
+  require(topk_group >= 1 && topk_group <= n_group, op, "topk_group", "an int in [1, n_group=" + str(n_group) + "]",
+          str(topk_group));
+  const int64_t per_group = experts / n_group;
+  require(top_k >= 1 && top_k <= topk_group * per_group, op, "top_k",
+          "an int in [1, " + str(topk_group * per_group) + "] (topk_group * experts per group)", str(top_k));
+  require(std::isfinite(routed_scaling_factor), op, "routed_scaling_factor", "a finite number",
+          std::to_string(routed_scaling_factor));
+  if (tokens == 0) return;
+  const vec::Kernels& K = vec::kernels();
+  std::vector<float> bias_f;
+  if (bias) {
+    bias_f.resize(static_cast<size_t>(experts));
+    K.load(bias_dtype, bias, experts, bias_f.data());
+  }
+  const int64_t es = dtype_bytes(logits_dtype);
+  const char* lb = static_cast<const char*>(logits);
+  const int nt = threads_for(tokens * experts * 16, num_threads);
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> s(static_cast<size_t>(experts)), c(static_cast<size_t>(experts));
+    std::vector<float> group_score(static_cast<size_t>(n_group));
+    std::vector<int32_t> order(static_cast<size_t>(std::max(experts, n_group))), keep(static_cast<size_t>(n_group));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tokens; ++t) {
+      K.load(logits_dtype, lb + t * logits_row_stride * es, experts, s.data());
+      if (softmax) {
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t e = 0; e < experts; ++e) m = std::max(m, s[e]);
+        float sum = 0.f;
+        for (int64_t e = 0; e < experts; ++e) sum += (s[e] = std::exp(s[e] - m));
+        for (int64_t e = 0; e < experts; ++e) s[e] /= sum;
+      } else {
+        for (int64_t e = 0; e < experts; ++e) s[e] = 1.0f / (1.0f + std::exp(-s[e]));
+      }
+      for (int64_t e = 0; e < experts; ++e) c[e] = bias ? s[e] + bias_f[e] : s[e];
+      if (n_group > 1) {
+        const int64_t best = std::min<int64_t>(2, per_group);
+        int32_t top2[2];
+        for (int64_t g = 0; g < n_group; ++g) {
+          top_indices(c.data() + g * per_group, per_group, best, order.data(), top2);
+          float sum = 0.f;
+          for (int64_t i = 0; i < best; ++i) sum += c[g * per_group + top2[i]];
+          group_score[g] = sum;
+        }
+        top_indices(group_score.data(), n_group, topk_group, order.data(), keep.data());
+        std::vector<char> kept(static_cast<size_t>(n_group), 0);
+        for (int64_t i = 0; i < topk_group; ++i) kept[keep[i]] = 1;
+        for (int64_t g = 0; g < n_group; ++g)
+          if (!kept[g])
+            for (int64_t i = 0; i < per_group; ++i) c[g * per_group + i] = -std::numeric_limits<float>::infinity();
+      }
+      int32_t* row_ids = ids + t * top_k;
+      float* row_w = weights + t * top_k;
+      top_indices(c.data(), experts, top_k, order.data(), row_ids);
+      float sum = 0.f;
+      for (int64_t j = 0; j < top_k; ++j) sum += (row_w[j] = s[row_ids[j]]);
+      const float denom = sum + 1e-20f;
+      for (int64_t j = 0; j < top_k; ++j) {
+        if (norm_topk_prob) row_w[j] /= denom;
+        row_w[j] *= routed_scaling_factor;
+      }
+    }
+  }
+}
 
 int64_t moe_permute_plan(int32_t* tokens_per_expert, int32_t* src, const int32_t* ids, int64_t tokens,
                          int64_t k, int64_t ids_row_stride, int64_t num_experts) {

@@ -5,6 +5,17 @@
 
 namespace glm5 {
 
+// DeepSeek-V3 / GLM-5 routing of logits[T, E] (row stride logits_row_stride elements, a float
+// dtype): s = sigmoid(logits) (softmax over E when `softmax`), c = s + bias (bias[E] in
+// bias_dtype, or null); with n_group > 1 only the topk_group groups of E / n_group contiguous
+// experts with the largest sum of their top-2 c compete; ids[T, top_k] = the experts of the
+// top_k largest c, in descending order of c (ties: lower index first; nan ranks highest);
+// weights[T, top_k] = s[ids], divided by their sum + 1e-20 when norm_topk_prob, times
+// routed_scaling_factor. float32 throughout; outputs contiguous.
+void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dtype, int64_t tokens, int64_t experts,
+               int64_t logits_row_stride, const void* bias, DType bias_dtype, int64_t top_k, int64_t n_group,
+               int64_t topk_group, float routed_scaling_factor, bool norm_topk_prob, bool softmax, int num_threads);
+
 // Routing plan of moe_permute: for the valid entries (0 <= ids[t, j] < num_experts) of
 // ids[T, k] (rows ids_row_stride apart), writes tokens_per_expert[num_experts] and
 // src[0, M) (flat indices t*k + j grouped by expert ascending, ascending within an expert;

@@ -176,3 +176,82 @@ def test_moe_route_matches_reference(dtype, n_group, topk_group, score_func):
     torch.testing.assert_close(w.gather(1, ids.sort(-1).indices), rw.gather(1, rids.sort(-1).indices))
     w2, _ = hal.ops.moe_route(logits, None, 8, n_group, topk_group, 1.0, False, score_func)
     assert w2.dtype == torch.float32
+
+
+def check_route(logits, bias, top_k, n_group, topk_group, scale, norm, score_func):
+    """The native router against the float64 reference by the top-k rule: distinct ids, each
+    chosen expert's biased score >= the k-th best (within float32 rounding), weights = the
+    unbiased scores of the chosen ids, normalised and scaled."""
+    w, ids = cpu_impl("moe_route")(logits, bias, top_k, n_group, topk_group, scale, norm, score_func)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (logits.shape[0], top_k)
+    lf = logits.double()
+    s = torch.softmax(lf, -1) if score_func == "softmax" else torch.sigmoid(lf)
+    c = s if bias is None else s + bias.double()
+    if n_group > 1:
+        t, e = c.shape
+        grouped = c.view(t, n_group, e // n_group)
+        gs = grouped.topk(min(2, e // n_group), dim=-1).values.sum(-1)
+        kth_group = gs.topk(topk_group, dim=-1).values[:, -1:]
+        chosen_groups = ids.long() // (e // n_group)
+        assert (gs.gather(1, chosen_groups) >= kth_group - 1e-5).all()
+        # tied groups: the kernel keeps the lower-indexed ones; judge experts within the groups
+        # it drew from (an unchosen kept group holds no expert above the chosen ones)
+        used = torch.zeros(t, n_group, dtype=torch.bool).scatter_(1, chosen_groups, True)
+        c = grouped.masked_fill(~used.unsqueeze(-1), float("-inf")).view(t, e)
+    for row in ids.tolist():
+        assert len(set(row)) == top_k
+    kth = c.topk(top_k, dim=-1).values[:, -1:]
+    assert (c.gather(1, ids.long()) >= kth - 1e-5).all()
+    want = s.gather(1, ids.long())
+    if norm:
+        want = want / (want.sum(-1, keepdim=True) + 1e-20)
+    torch.testing.assert_close(w.double(), want * scale, rtol=1e-5, atol=1e-6)
+    # ordered by descending biased score
+    picked = c.gather(1, ids.long())
+    assert (picked[:, :-1] >= picked[:, 1:] - 1e-5).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 12), groups=st.sampled_from([(1, 1), (4, 2), (8, 4), (8, 8)]), per=st.integers(1, 9),
+       dtype=st.sampled_from(FLOATS), score_func=st.sampled_from(["sigmoid", "softmax"]), norm=st.booleans(),
+       with_bias=st.booleans(), coarse=st.booleans(), seed=st.integers(0, 2**31 - 1), data=st.data())
+def test_property_moe_route(tokens, groups, per, dtype, score_func, norm, with_bias, coarse, seed, data):
+    n_group, topk_group = groups
+    experts = n_group * per
+    top_k = data.draw(st.integers(1, topk_group * per))
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tokens, experts, generator=g)
+    if coarse:  # few distinct values: exact ties everywhere
+        logits = logits.round()
+    logits = logits.to(dtype)
+    bias = (torch.randn(experts, generator=g) * 0.1).round(decimals=1) if with_bias else None
+    check_route(logits, bias, top_k, n_group, topk_group, 2.5, norm, score_func)
+
+
+def test_moe_route_edges():
+    g = gen("route-edges")
+    logits = torch.randn(12, 64, generator=g)[:, ::2]                    # strided experts
+    check_route(logits, None, 4, 1, 1, 1.0, True, "sigmoid")
+    check_route(torch.randn(20, 5, generator=g).t(), torch.zeros(20), 3, 1, 1, 1.0, True, "sigmoid")  # transposed
+    w, ids = hal.ops.moe_route(torch.zeros(0, 8), None, 2)
+    assert w.shape == (0, 2) and ids.shape == (0, 2)
+    nan_logits = torch.randn(2, 8, generator=g)
+    nan_logits[0, 3] = float("nan")
+    w, ids = hal.ops.moe_route(nan_logits, None, 2)                         # defined, no crash
+    assert ids.shape == (2, 2) and (ids >= 0).all() and (ids < 8).all()
+    w, ids = hal.ops.moe_route(torch.zeros(1, 6), None, 6)                  # all tied, every expert
+    assert sorted(ids[0].tolist()) == list(range(6))
+
+
+def test_native_route_rejects_bad_arguments():
+    logits = torch.randn(2, 8)
+    w = torch.full((2, 2), 3.0)
+    ids = torch.full((2, 2), -5, dtype=torch.int32)
+    bad = [dict(top_k=0), dict(top_k=9), dict(n_group=3), dict(n_group=2, topk_group=3), dict(experts=0),
+           dict(ld=4), dict(stride=-1), dict(scale=float("inf")), dict(n_group=4, topk_group=1, top_k=3)]
+    for kw in bad:
+        a = dict(ld=0, tokens=2, experts=8, stride=8, top_k=2, n_group=1, topk_group=1, scale=1.0) | kw
+        with pytest.raises(InvalidInputError):
+            _C.moe_route(w.data_ptr(), ids.data_ptr(), logits.data_ptr(), a["ld"], a["tokens"], a["experts"],
+                         a["stride"], 0, 0, a["top_k"], a["n_group"], a["topk_group"], a["scale"], True, False, 1)
+        assert (w == 3.0).all() and (ids == -5).all()

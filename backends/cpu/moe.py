@@ -1,10 +1,8 @@
-"""The MoE ops on the cpu backend (OPS.md section 5). moe_permute and moe_unpermute are native
-kernels (csrc/moe.cpp); moe_route and grouped_gemm call torch (see each for why)."""
+"""The MoE ops on the cpu backend (OPS.md section 5). moe_route, moe_permute and moe_unpermute are
+native kernels (csrc/moe.cpp); grouped_gemm calls torch's GEMM (see it for why)."""
 from __future__ import annotations
 
 import torch
-
-from glm5_hal.reference.moe import NORM_EPS
 
 from . import cpu
 from .ops import _C, DTYPE_CODE, FLOATS, _threads
@@ -66,23 +64,15 @@ def grouped_gemm(x, w, tokens_per_expert):
 @cpu.impl("moe_route", dtypes=FLOATS)
 def moe_route(logits, bias, top_k, n_group=1, topk_group=1, routed_scaling_factor=1.0,
               norm_topk_prob=True, score_func="sigmoid"):
-    # torch: a sigmoid and a top-k over E = 256 per token are torch's vectorised kernels
-    # already; this differs from the reference only by skipping work GLM-5 does not need
-    # (group limiting when n_group == 1) and by working in place.
-    lf = logits.float()
-    scores = torch.softmax(lf, dim=-1) if score_func == "softmax" else torch.sigmoid(lf)
-    choice = scores if bias is None else scores + bias.float()
-    if n_group > 1:
-        t, e = choice.shape
-        grouped = choice.view(t, n_group, e // n_group)
-        group_scores = grouped.topk(min(2, e // n_group), dim=-1).values.sum(dim=-1)
-        best = group_scores.topk(topk_group, dim=-1).indices
-        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-        choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(t, e)
-    ids = choice.topk(top_k, dim=-1).indices
-    weights = scores.gather(1, ids)
-    if norm_topk_prob:
-        weights /= weights.sum(dim=-1, keepdim=True) + NORM_EPS
-    if routed_scaling_factor != 1.0:
-        weights *= routed_scaling_factor
-    return weights, ids.to(_I32)
+    if logits.shape[1] > 1 and logits.stride(1) != 1:
+        logits = logits.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    tokens, experts = logits.shape
+    weights = torch.empty((tokens, top_k), dtype=torch.float32)
+    ids = torch.empty((tokens, top_k), dtype=_I32)
+    _C.moe_route(weights.data_ptr(), ids.data_ptr(), logits.data_ptr(), DTYPE_CODE[logits.dtype], tokens, experts,
+                 logits.stride(0), 0 if bias is None else bias.data_ptr(),
+                 0 if bias is None else DTYPE_CODE[bias.dtype], top_k, n_group, topk_group,
+                 routed_scaling_factor, norm_topk_prob, score_func == "softmax", _threads())
+    return weights, ids
