@@ -345,6 +345,34 @@ void test_int4(int tier) {
     }
 }
 
+void test_route() {
+  // 2 tokens, 8 experts in 4 groups of 2; token 1 has a nan and ties
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 0.0f, 1.0f,
+                               1.0f, 1.0f, std::nanf(""), 0.0f, 1.0f, 1.0f, -5.0f, -5.0f};
+  std::vector<float> w(2 * 3, -1.0f);
+  std::vector<int32_t> ids(2 * 3, -1);
+  glm5::moe_route(w.data(), ids.data(), logits.data(), DType::F32, 2, 8, 8, nullptr, DType::F32, 3, 1, 1, 2.5f, true,
+                  false, 1);
+  CHECK(ids[0] == 4 && ids[1] == 1 && ids[2] == 7, "route ids %d %d %d", ids[0], ids[1], ids[2]);
+  CHECK(ids[3] == 2 && ids[4] == 0 && ids[5] == 1, "route nan first, ties by index: %d %d %d", ids[3], ids[4], ids[5]);
+  double sum = 0;
+  for (int j = 0; j < 3; ++j) sum += w[j];
+  CHECK(std::fabs(sum - 2.5) < 1e-5, "route weights sum to the scaling factor: %g", sum);
+  // groups: keep the 2 best groups by top-2 sums (g0 1.41, g3 1.23 > g2 1.07 > g1 0.89), then top 3 inside
+  glm5::moe_route(w.data(), ids.data(), logits.data(), DType::F32, 1, 8, 8, nullptr, DType::F32, 3, 4, 2, 1.0f, false,
+                  false, 1);
+  std::vector<int32_t> got(ids.begin(), ids.begin() + 3);
+  std::sort(got.begin(), got.end());
+  CHECK(got[0] == 0 && got[1] == 1 && got[2] == 7, "grouped route (groups 0 and 3 win) %d %d %d", got[0], got[1], got[2]);
+  std::vector<int32_t> before(ids);
+  CHECK(throws_invalid([&] {
+          glm5::moe_route(w.data(), ids.data(), logits.data(), DType::F32, 2, 8, 8, nullptr, DType::F32, 5, 4, 2, 1.0f,
+                          true, false, 1);
+        }),
+        "route top_k 5 > topk_group * per_group 4");
+  CHECK(ids == before, "route wrote before raising");
+}
+
 void test_bad_codes() {
   std::vector<float> x(8, 1.0f), out(8, 7.0f);
   CHECK(throws_invalid([&] {
@@ -375,6 +403,7 @@ int main() {
     test_fp8_block_quant(tier);
     test_int4(tier);
   }
+  test_route();
   test_bad_codes();
   std::printf("test_kernels: tiers 0..%d, %d checks, %d failed\n", max_tier, g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
