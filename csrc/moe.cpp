@@ -26,18 +26,28 @@ void check_src(const char* op, const int32_t* src, int64_t rows, int64_t flat) {
 
 namespace {
 
-// nan compares as +inf: a strict weak order (std::partial_sort needs one), nan ranked highest
+// nan compares as +inf (a total order on the keys), so nan ranks highest
 // as torch.topk ranks it.
 inline float rank_value(float x) { return x != x ? std::numeric_limits<float>::infinity() : x; }
 
-// The indices of the `k` largest of v[0, n) (n >= k), by descending value, ties by index.
-void top_indices(const float* v, int64_t n, int64_t k, int32_t* order, int32_t* out) {
-  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
-  std::partial_sort(order, order + k, order + n, [v](int32_t a, int32_t b) {
-    const float va = rank_value(v[a]), vb = rank_value(v[b]);
-    return va > vb || (va == vb && a < b);
-  });
-  std::copy(order, order + k, out);
+// The indices of the `k` largest of v[0, n) (n >= k >= 1), by descending value, ties by index:
+// one pass keeping a sorted list of the best k (k is small: 8 of 256 experts); a value joins
+// only if strictly larger than the k-th, so among equals the earlier index stays ahead.
+// `best` holds k floats of scratch.
+void top_indices(const float* v, int64_t n, int64_t k, float* best, int32_t* out) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = rank_value(v[i]);
+    if (count == k && !(x > best[k - 1])) continue;
+    int64_t j = count < k ? count++ : k - 1;
+    while (j > 0 && x > best[j - 1]) {
+      best[j] = best[j - 1];
+      out[j] = out[j - 1];
+      --j;
+    }
+    best[j] = x;
+    out[j] = static_cast<int32_t>(i);
+  }
 }
 
 }  // namespace
@@ -74,7 +84,8 @@ void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dt
   {
     std::vector<float> s(static_cast<size_t>(experts)), c(static_cast<size_t>(experts));
     std::vector<float> group_score(static_cast<size_t>(n_group));
-    std::vector<int32_t> order(static_cast<size_t>(std::max(experts, n_group))), keep(static_cast<size_t>(n_group));
+    std::vector<float> best(static_cast<size_t>(std::max(experts, n_group)));
+    std::vector<int32_t> keep(static_cast<size_t>(n_group));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
       K.load(logits_dtype, lb + t * logits_row_stride * es, experts, s.data());
@@ -85,19 +96,19 @@ void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dt
         for (int64_t e = 0; e < experts; ++e) sum += (s[e] = std::exp(s[e] - m));
         for (int64_t e = 0; e < experts; ++e) s[e] /= sum;
       } else {
-        for (int64_t e = 0; e < experts; ++e) s[e] = 1.0f / (1.0f + std::exp(-s[e]));
+        K.sigmoid(s.data(), experts);
       }
       for (int64_t e = 0; e < experts; ++e) c[e] = bias ? s[e] + bias_f[e] : s[e];
       if (n_group > 1) {
-        const int64_t best = std::min<int64_t>(2, per_group);
+        const int64_t top = std::min<int64_t>(2, per_group);
         int32_t top2[2];
         for (int64_t g = 0; g < n_group; ++g) {
-          top_indices(c.data() + g * per_group, per_group, best, order.data(), top2);
+          top_indices(c.data() + g * per_group, per_group, top, best.data(), top2);
           float sum = 0.f;
-          for (int64_t i = 0; i < best; ++i) sum += c[g * per_group + top2[i]];
+          for (int64_t i = 0; i < top; ++i) sum += c[g * per_group + top2[i]];
           group_score[g] = sum;
         }
-        top_indices(group_score.data(), n_group, topk_group, order.data(), keep.data());
+        top_indices(group_score.data(), n_group, topk_group, best.data(), keep.data());
         std::vector<char> kept(static_cast<size_t>(n_group), 0);
         for (int64_t i = 0; i < topk_group; ++i) kept[keep[i]] = 1;
         for (int64_t g = 0; g < n_group; ++g)
@@ -106,7 +117,7 @@ void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dt
       }
       int32_t* row_ids = ids + t * top_k;
       float* row_w = weights + t * top_k;
-      top_indices(c.data(), experts, top_k, order.data(), row_ids);
+      top_indices(c.data(), experts, top_k, best.data(), row_ids);
       float sum = 0.f;
       for (int64_t j = 0; j < top_k; ++j) sum += (row_w[j] = s[row_ids[j]]);
       const float denom = sum + 1e-20f;

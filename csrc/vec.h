@@ -37,6 +37,8 @@ struct Kernels {
   float (*abs_max)(const float* x, int64_t n);
   // x[i] = x[i] * s * w[i]
   void (*scale_mul)(float* x, const float* w, float s, int64_t n);
+  // x[i] = 1 / (1 + exp(-x[i]))
+  void (*sigmoid)(float* x, int64_t n);
   // gate[i] = silu(gate[i]) * up[i]
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   // In-place fast Walsh-Hadamard transform (Sylvester order) of n = 2^m values, times scale.

@@ -201,6 +201,11 @@ inline float exp_vec(float x) {
   return y * as_float(static_cast<uint32_t>(e1 + 127) << 23) * as_float(static_cast<uint32_t>(e - e1 + 127) << 23);
 }
 
+void sigmoid(float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + exp_vec(-x[i]));
+}
+
 void silu_mul(float* gate, const float* up, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
