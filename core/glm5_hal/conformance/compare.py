@@ -199,7 +199,7 @@ def topk_set(idx: torch.Tensor, scores: torch.Tensor, tau: Tolerance) -> Verdict
     min(k, keys in range); every selected key's score >= k-th largest - tau."""
     k, n_keys = idx.shape[-1], scores.shape[-1]
     idx = idx.reshape(-1, k).to(torch.int64)
-    scores = scores.reshape(-1, n_keys)
+    scores = scores.reshape(idx.shape[0], n_keys)   # explicit rows: n_keys may be 0
     verdict = Verdict(True, atol=tau.atol, rtol=tau.rtol, margin=0.0, swaps=0,
                       tolerance="score " + tau.describe())
     if idx.shape[0] == 0 or k == 0:
