@@ -56,17 +56,28 @@ class Close:
         own dtype for an in-place destination).
     transform: compare transformed values (e.g. `Fp8Dequant("out[1]")`); the tolerance is
         then the one of the transform's tolerance dtype.
+    expect: `expect(ctx) -> tensor` replaces the reference's output as the value to compare
+        against, for an output that depends on a choice the contract leaves to the backend:
+        moe_route's weights are those of the ids the backend chose (within-tau swaps are
+        legal), recomputed from the reference inputs. Shape and dtype rules are unchanged.
     """
     widen: float = 1.0
     why: str = ""
     dtype: torch.dtype | None = None
     transform: Transform | None = None
+    expect: Callable[[Context], torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         check_widening(self.widen, self.why)
 
     def judge(self, got: torch.Tensor, want: torch.Tensor, expected: torch.dtype,
               ctx: Context) -> Verdict:
+        if self.expect is not None:
+            try:
+                want = self.expect(ctx).to("cpu", torch.float64)
+            except (ValueError, RuntimeError, IndexError, TypeError) as exc:
+                return Verdict(False, f"cannot compute the expected value from the backend's "
+                                      f"outputs: {type(exc).__name__}: {exc}")
         bad = _metadata_mismatch(got, want, expected)
         if bad:
             return Verdict(False, bad)
