@@ -168,6 +168,55 @@ def test_cpu_backend_falls_back_without_failing():
         assert statuses <= {"pass", "fallback"}, (op, statuses)
 
 
+# -- correct implementations with other arithmetic pass --------------------------------------
+def flash_sparse_attention(q, kv, indices, sm_scale, d_v, block=16):
+    """Online softmax over blocks of the selected rows, exp2 with log2(e) folded into the
+    scale (the usual kernel arithmetic), fp32 throughout."""
+    log2e = 1.4426950408889634
+    valid = (indices >= 0) & (indices < kv.shape[0])
+    rows = kv[torch.where(valid, indices, 0).long()].float()
+    t, h = q.shape[0], q.shape[1]
+    m = torch.full((t, h), NEG_INF)
+    l, acc = torch.zeros(t, h), torch.zeros(t, h, d_v)
+    for s in range(0, indices.shape[1], block):
+        z = torch.einsum("thd,tkd->thk", q.float(), rows[:, s:s + block]) * (sm_scale * log2e)
+        z = z.masked_fill(~valid[:, None, s:s + block], NEG_INF)
+        m_new = torch.maximum(m, z.amax(-1))
+        base = m_new.masked_fill(m_new == NEG_INF, 0.0)
+        p, rescale = torch.exp2(z - base[..., None]), torch.exp2(m - base)
+        l = l * rescale + p.sum(-1)
+        acc = acc * rescale[..., None] + torch.einsum("thk,tkd->thd", p, rows[:, s:s + block, :d_v])
+        m = m_new
+    out = torch.where(l[..., None] > 0, acc / l.clamp(min=1e-30)[..., None], 0.0)
+    lse = torch.where(l > 0, (base + torch.log2(l.clamp(min=1e-30))) / log2e, NEG_INF)
+    return out.to(q.dtype), lse
+
+
+@pytest.mark.slow
+def test_an_online_softmax_kernel_passes_the_attention_cases(hal_state):
+    records = run(wrong_backend(hal_state, "flash", sparse_mla_attention=flash_sparse_attention),
+                  "sparse_mla_attention")
+    assert_only(records, set())
+
+
+def test_other_summation_orders_pass_the_reduction_cases(hal_state):
+    def heads_reversed(q, k, weights, k_start, k_end):
+        keys = (k[0].float() * k[1][:, None]) if isinstance(k, tuple) else k.float()
+        logits = torch.zeros(q.shape[0], keys.shape[0])
+        for h in reversed(range(q.shape[1])):
+            logits += weights[:, h:h + 1] * (q[:, h].float() @ keys.T).relu()
+        s = torch.arange(keys.shape[0])
+        return logits.masked_fill((s < k_start[:, None]) | (s >= k_end[:, None]), NEG_INF)
+
+    def split_k(x, w, tokens_per_expert):
+        rows = x.float().split(tokens_per_expert.tolist())
+        outs = [sum(r[:, i::3] @ w[e, :, i::3].float().T for i in range(3)) for e, r in enumerate(rows)]
+        return (torch.cat(outs) if outs else x.new_zeros(0, w.shape[1])).to(x.dtype)
+    name = wrong_backend(hal_state, "reordered", indexer_logits=heads_reversed, grouped_gemm=split_k)
+    assert_only(run(name, "indexer_logits"), set())
+    assert_only(run(name, "grouped_gemm"), set())
+
+
 # -- deliberately wrong backends: DSA --------------------------------------------------------
 def test_indexer_dropping_the_last_in_range_key_is_caught(hal_state):
     def drops_last(q, k, weights, k_start, k_end):
