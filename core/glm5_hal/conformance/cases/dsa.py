@@ -6,8 +6,9 @@ How each output is judged (docs/conformance.md, "DSA ops"):
   widened x4 for the order-free fp32 reductions; `-inf` outside each row's range must match.
 - top-k indices: `TopKSet` against the float64 reference logits, with tau = twice the logits
   bound (a swap moves two scores, each within that bound).
-- attention: `out` in q's dtype (fp32 widened x4 for the softmax-weighted sum), `lse` in
-  float32 widened x2; rows without a valid key must give `lse = -inf` exactly (and out 0).
+- attention: `out` in q's dtype (fp32 widened x4 for the softmax-weighted sum; every dtype
+  x4 in the peaked cases), `lse` in float32 widened x2; rows without a valid key must give
+  `lse = -inf` exactly (and out 0).
 
 Inputs follow the model's scales: indexer q and k ~ N(0, 1) (after Hadamard), weights
 ~ N(0, 1) * (Hi * D)^-0.5, so logits are O(1); MLA q and latent rows ~ N(0, 1) with
@@ -36,7 +37,7 @@ HI_GLM5 = GLM5.index_n_heads         # 32
 TOPK_GLM5 = GLM5.index_topk          # 2048
 H_GLM5 = GLM5.num_heads              # 64
 D_QK, D_V = GLM5.d_qk, GLM5.d_v      # 576, 512
-BLOCK_GLM5 = 64                      # paged cache block size of the GLM-5 serving stacks
+BLOCK_GLM5 = 64                      # FlashMLA's paged-cache block size
 POISON_SCALE = 30.0                  # slots no sequence owns: rows of N(0, 30^2)
 
 # -- tolerances -------------------------------------------------------------------------------
@@ -51,8 +52,6 @@ _OUT_FP32 = Close(widen=4, why="fp32 softmax-weighted sum over up to top-k rows,
                                "(online softmax rescales partial sums)")
 _LSE = Close(dtype=torch.float32, widen=2,
              why="logsumexp of up to top-k fp32 scores: exp/log implementations and rescaling order are free")
-
-
 #: Scores ~100 (the peaked cases): their fp32 rounding alone moves each softmax weight by
 #: ~1e-5 relative, which reaches the base atol of every output dtype.
 _OUT_PEAKED = Close(widen=4, why="scores ~100: their fp32 rounding alone moves each softmax weight by ~1e-5")

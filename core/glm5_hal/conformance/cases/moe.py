@@ -156,13 +156,13 @@ def moe_route_cases(preset: str):
                        lambda g, spec=spec, dtype=dtype: _route_args(g, spec, dtype),
                        ROUTE_CHECKS, outcome=spec.outcome, note=spec.note)
         if preset == "tiny":
-            for name, spec, note in (
-                    ("n_group_not_dividing", RouteSpec("x", 3, 17, 3, n_group=4, topk_group=2), "E % n_group != 0"),
-                    ("top_k_beyond_kept_groups", RouteSpec("x", 3, 16, 9, n_group=4, topk_group=2),
-                     "top_k > topk_group * E / n_group")):
-                yield Case("moe_route", preset, name, dtype,
+            for spec in (RouteSpec("n_group_not_dividing", 3, 17, 3, n_group=4, topk_group=2,
+                                   note="E % n_group != 0"),
+                         RouteSpec("top_k_beyond_kept_groups", 3, 16, 9, n_group=4, topk_group=2,
+                                   note="top_k > topk_group * E / n_group")):
+                yield Case("moe_route", preset, spec.name, dtype,
                            lambda g, spec=spec, dtype=dtype: _route_args(g, spec, dtype),
-                           outcome=ERROR, note=note)
+                           outcome=ERROR, note=spec.note)
 
 
 # -- routing tables shared by permute / unpermute / grouped_gemm -------------------------------
