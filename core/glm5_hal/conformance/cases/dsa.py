@@ -76,20 +76,21 @@ def paged_indexer_scores(q, k_cache, weights, block_table, context_lens, topk):
     values = k_cache[0] if fp8 else k_cache
     block_size, dim = values.shape[1], values.shape[2]
     batch, queries = q.shape[0], q.shape[1]
-    length = int(context_lens.max()) if context_lens.numel() else 0
+    table, lens = block_table.tolist(), context_lens.tolist()   # plain ints: no per-element sync
+    length = max(lens, default=0)
     rows = []
     for b in range(batch):
-        n = int(context_lens[b])
-        slots = [int(block_table[b, p // block_size]) * block_size + p % block_size for p in range(n)]
+        n = lens[b]
+        slots = [table[b][p // block_size] * block_size + p % block_size for p in range(n)]
         slots += [slots[0] if slots else 0] * (length - n)    # filler rows, masked below
-        index = torch.tensor(slots, dtype=torch.long)
+        index = torch.tensor(slots, dtype=torch.long, device=values.device)
         if fp8:
             keys = (values.reshape(-1, dim)[index], k_cache[1].reshape(-1)[index])
         else:
             keys = values.reshape(-1, dim)[index]
         visible = [max(0, n - queries + i + 1) for i in range(queries)]
-        rows.append(ref.indexer_logits(q[b], keys, weights[b], torch.zeros(queries, dtype=I32),
-                                       torch.tensor(visible, dtype=I32)))
+        rows.append(ref.indexer_logits(q[b], keys, weights[b], torch.zeros(queries, dtype=I32, device=q.device),
+                                       torch.tensor(visible, dtype=I32, device=q.device)))
     if not rows:
         return q.new_zeros((0, queries, length))
     return torch.stack(rows)
