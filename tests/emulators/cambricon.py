@@ -503,7 +503,7 @@ class TorchMluOps:
         limit = 448.0 if k_cache.dtype == _FP8 else 127.0
         for i, slot in enumerate(slots):
             row = k[i].float()
-            scale = row.abs().amax(dim=-1)
+            scale = row.abs().amax(dim=-1) / limit
             scaled = row / scale.unsqueeze(-1)
             if k_cache.dtype == _FP8:
                 q = scaled.clamp(-limit, limit).to(_FP8)

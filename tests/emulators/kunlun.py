@@ -168,7 +168,12 @@ class KunlunOps(_Counted):
 
 
 class OpsC(_Counted):
-    """torch.ops._C: the vLLM-Kunlun MoE kernels (keyword arguments, preallocated outputs)."""
+    """torch.ops._C: the vLLM-Kunlun MoE kernels (keyword arguments, preallocated outputs).
+    `fc_acts` records the act argument of every moe_fc call."""
+
+    def __init__(self, calls: collections.Counter, prefix: str) -> None:
+        super().__init__(calls, prefix)
+        self.fc_acts: list = []
 
     def _route_outputs(self, op, x, first, second):
         _tensor(op, "x", x, FLOATS, ndim=2)
@@ -270,6 +275,7 @@ class OpsC(_Counted):
     def moe_fc(self, x, weight, sorted_tokens_num_lod, sorted_tokens_idx, moe_topk, y, topk_ids, act=None,
                x_perchannel_max=None, w_perchannel_max=None):
         op = "moe_fc"
+        self.fc_acts.append(act)
         if x_perchannel_max is not None or w_perchannel_max is not None:
             raise NotEmulatedError(f"{op}: int8 weights and activations")
         _tensor(op, "x", x, FLOATS, ndim=2)
