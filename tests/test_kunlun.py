@@ -35,16 +35,23 @@ def emulated(chip: str = "P800", kernel_library=None, **runtime_kwargs) -> Kunlu
                          priority=1000, kernel_library=kernel_library)
 
 
-def register(hal_state, backend) -> KunlunBackend:
-    hal_state(as_plugin(backend), EMU)
-    assert backend.availability().available, backend.availability().reason
-    return backend
+@pytest.fixture
+def register(hal_state, monkeypatch):
+    """Registers an emulated backend at run time with the cpu backend disabled, as on an
+    XPU host: declined calls then reach the reference (a FallbackWarning), not cpu kernels."""
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+
+    def load(backend):
+        hal_state(as_plugin(backend), EMU)
+        assert backend.availability().available, backend.availability().reason
+        return backend
+    return load
 
 
 @pytest.fixture
-def xpu(hal_state):
+def xpu(register):
     """An emulated P800 backend registered at run time; yields its runtime."""
-    return register(hal_state, emulated()).runtime
+    return register(emulated()).runtime
 
 
 def chosen(op, *args):
@@ -76,7 +83,9 @@ def fake_module(tmp_path, monkeypatch, name: str, body: str = "__version__ = '2.
     pkg.mkdir()
     (pkg / "__init__.py").write_text(body)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, name, raising=False)
+    # Recorded as absent, so the fake module leaves sys.modules again after the test.
+    monkeypatch.setitem(sys.modules, name, None)
+    del sys.modules[name]
 
 
 class FakeCuda:
@@ -215,8 +224,8 @@ def test_hadamard_transform(xpu, dtype):
     assert xpu.calls["xspeedgate_ops.hadamard_transform"] == 1
 
 
-def test_hadamard_transform_needs_xspeedgate_ops(hal_state):
-    register(hal_state, emulated(speedgate=False))
+def test_hadamard_transform_needs_xspeedgate_ops(register):
+    register(emulated(speedgate=False))
     assert rejection("hadamard_transform", torch.randn(2, 16), 1.0) == "xspeedgate_ops not installed (emulated)"
 
 
@@ -370,17 +379,17 @@ def test_the_xpu_kernels_decline_until_built(xpu):
         "kunlun kernel not built")
 
 
-def test_kv_cache_gather_through_the_kernel_interface(hal_state):
+def test_kv_cache_gather_through_the_kernel_interface(register):
     stand_in = KvGatherKernelStandIn()
-    register(hal_state, emulated(kernel_library=stand_in))
+    register(emulated(kernel_library=stand_in))
     cache, table, lens = paged(seeded(12), [5, 0, 12], 4, 20, F16)
     assert torch.equal(hal.ops.kv_cache_gather(cache, table, lens), ref.kv_cache_gather(cache, table, lens))
     assert stand_in.launches == 1
 
 
-def test_sparse_mla_decode_paged_through_the_kernel_interface(hal_state):
+def test_sparse_mla_decode_paged_through_the_kernel_interface(register):
     stand_in = SparseDecodeKernelStandIn()
-    register(hal_state, emulated(kernel_library=stand_in))
+    register(emulated(kernel_library=stand_in))
     g = seeded(13)
     cache, table, lens = paged(g, [7, 30], 8, 80, BF16)
     q = torch.randn(2, 2, 4, 80, generator=g).to(BF16)
@@ -393,11 +402,11 @@ def test_sparse_mla_decode_paged_through_the_kernel_interface(hal_state):
 
 
 # -- the conformance suite over the emulated backend -----------------------------------------------
-def test_conformance_tiny_preset_on_the_emulated_backend(hal_state):
+def test_conformance_tiny_preset_on_the_emulated_backend(register):
     """Every case of every op the adapters implement passes or is declined with a reason, every
     op passes at least one case unless the backend declines it everywhere; nothing fails."""
     from glm5_hal.conformance import cases, plan, run_all
-    backend = register(hal_state, emulated())
+    backend = register(emulated())
     ops = [op for op in sorted(backend.impls) if op in cases.ops_with_cases()]
     assert "rms_norm" in ops
     records = run_all(plan([EMU], ops, ["tiny"]))
