@@ -273,6 +273,16 @@ def test_grouped_sigmoid_routing_without_bias_scores_groups_by_their_best_two(ml
     assert sorted(ids[0].tolist()) == [4, 5] == sorted(ref.moe_route(logits, *args)[1][0].tolist())
 
 
+def test_renormalised_sigmoid_routing_declines_underflowing_scores(mlu):
+    logits = torch.full((2, 8), -200.0)
+    assert rejection("moe_route", logits, None, 2, 1, 1, 1.0, True, "sigmoid") == (
+        "logits below -80: their float32 sigmoid scores underflow, and tmo.moe_sigmoid_topk renormalises by a "
+        "plain sum (0/0 is NaN; the contract adds 1e-20)")
+    assert chosen("moe_route", logits, None, 2, 1, 1, 1.0, False, "sigmoid") == f"{EMU}.moe_route"
+    weights, _ = MluEmulator().tmo.moe_sigmoid_topk(logits, 2, normalize=True)
+    assert bool(weights.isnan().all())   # what the decline avoids
+
+
 def test_grouped_softmax_routing_is_declined(mlu):
     logits = torch.randn(2, 8)
     reason = rejection("moe_route", logits, None, 2, 2, 1, 1.0, True, "softmax")

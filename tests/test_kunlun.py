@@ -261,6 +261,9 @@ def test_moe_route_declines_what_the_kernels_cannot_do(xpu):
         "moe_softmax_topk_norm has no selection bias (no Kunlun softmax kernel takes one)")
     assert rejection("moe_route", logits, None, 2, 4, 2, 1.0, True, "softmax") == (
         "moe_softmax_topk_norm does not limit experts to groups (n_group=4)")
+    assert rejection("moe_route", torch.full((3, 16), -200.0), None, 2, 1, 1, 1.0, True, "sigmoid") == (
+        "logits below -80: their float32 sigmoid scores underflow, and moe_sigmoid_group_topk_norm renormalises "
+        "by a plain sum (0/0 is NaN; the contract adds 1e-20)")
     wide = torch.randn(3, 520)
     assert rejection("moe_route", wide, None, 2, 1, 1, 1.0, True, "sigmoid") == (
         "moe_sigmoid_group_topk_norm takes at most 512 experts on P800, got 520")

@@ -34,12 +34,16 @@ INDEXER_DIM = 128                     # ... head_size 128
 INT32_MAX = 2**31 - 1                 # slot_mapping / indices are int32
 FP8_MAX, FP8_MIN_AMAX = 448.0, 1e-4   # the fp8 rule of the contract (OPS.md section 3)
 DECODE_MAX_DQK, DECODE_MAX_HEADS = 1024, 128  # csrc/glm5_hal_cambricon.h (NRAM tiling)
+#: Below this logit sigmoid(x) < 2e-35: float32 scores head for underflow, and a row whose
+#: selected scores are all 0 renormalises to 0/0 in the vendor op (the contract adds 1e-20).
+SIGMOID_MIN_LOGIT = -80.0
 
 #: The vendor constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
     "tmo.fused_rms_norm": "gamma in x's dtype (an fp32 x takes any weight exactly)",
     "tmo.apply_rotary": f"head_size <= {ROTARY_MAX_HEAD_SIZE}; run in float32 with float64-derived sin/cos",
     "tmo.moe_softmax_topk": "a group is scored by its best expert: grouped softmax routing is declined",
+    "tmo.moe_sigmoid_topk": f"renormalises by a plain sum: logits below {SIGMOID_MIN_LOGIT:g} are declined",
     "tmo.moe_gen_idx": "expert ids must lie in [0, expert_num): dropped ids go to one extra expert",
     "tmo.group_gemm": "float32 only while torch.backends.mlu.matmul.fp32_precision is not tf32",
     "tmo.moe_combine_result": "one row per (token, slot): repeated src entries are declined",
@@ -64,6 +68,14 @@ def declare(backend: "CambriconBackend") -> None:
     """Declares every adapter on `backend` (closures over it: one set per instance)."""
     for family in (_declare_common, _declare_moe, _declare_kv, _declare_dsa):
         family(backend)
+
+
+def sigmoid_underflow(logits: Tensor, kernel: str) -> str | None:
+    """The reason to decline a renormalised sigmoid routing whose float32 scores may be 0."""
+    if logits.numel() and bool(logits.min() < SIGMOID_MIN_LOGIT):
+        return (f"logits below {SIGMOID_MIN_LOGIT:g}: their float32 sigmoid scores underflow, and {kernel} "
+                "renormalises by a plain sum (0/0 is NaN; the contract adds 1e-20)")
+    return None
 
 
 def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
@@ -196,6 +208,8 @@ def _declare_moe(backend: "CambriconBackend") -> None:
         if score_func == "softmax" and n_group > 1:
             return ("tmo.moe_softmax_topk scores an expert group by its best expert (the contract: by its "
                     "best two) and masks dropped groups with 0, not -inf")
+        if score_func == "sigmoid" and norm_topk_prob:
+            return _first_reason(lambda: sigmoid_underflow(logits, "tmo.moe_sigmoid_topk"))
         return True
 
     @backend.impl("moe_route", dtypes=FLOATS, supports=route_supported)

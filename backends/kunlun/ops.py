@@ -30,6 +30,9 @@ _FP8 = torch.float8_e4m3fn
 FLOATS = (_F32, _F16, _BF16)
 INT32_MAX = 2**31 - 1
 DECODE_MAX_DQK, DECODE_MAX_HEADS = 1024, 128  # csrc/glm5_hal_kunlun.h (local-memory tiling)
+#: Below this logit sigmoid(x) < 2e-35: float32 scores head for underflow, and a row whose
+#: selected scores are all 0 renormalises to 0/0 in the kernel (the contract adds 1e-20).
+SIGMOID_MIN_LOGIT = -80.0
 
 #: The vendor constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
@@ -37,7 +40,8 @@ OP_LIMITS = {
     "kunlun_ops.silu_and_mul": "turn=True: silu of the first half times the second",
     "kunlun_ops.reshape_and_cache": "key-only write (value=None), int32 slots; no FP8 on P800",
     "moe_sigmoid_group_topk_norm": f"<= {chips.MOE_MAX_EXPERTS} experts; always renormalises "
-                                   "(norm_topk_prob=False declined)",
+                                   f"(norm_topk_prob=False declined) by a plain sum (logits below "
+                                   f"{SIGMOID_MIN_LOGIT:g} declined)",
     "moe_softmax_topk(_norm)": f"<= {chips.MOE_MAX_EXPERTS} experts; no selection bias, no expert groups",
     "moe_pre_sorted / gen_block_statistic": f"<= {chips.MOE_MAX_EXPERTS} experts, counting one extra "
                                             "expert for dropped ids",
@@ -60,6 +64,14 @@ def declare(backend: "KunlunBackend") -> None:
     """Declares every adapter on `backend` (closures over it: one set per instance)."""
     for family in (_declare_common, _declare_moe, _declare_kv, _declare_dsa):
         family(backend)
+
+
+def sigmoid_underflow(logits: Tensor, kernel: str) -> str | None:
+    """The reason to decline a renormalised sigmoid routing whose float32 scores may be 0."""
+    if logits.numel() and bool(logits.min() < SIGMOID_MIN_LOGIT):
+        return (f"logits below {SIGMOID_MIN_LOGIT:g}: their float32 sigmoid scores underflow, and {kernel} "
+                "renormalises by a plain sum (0/0 is NaN; the contract adds 1e-20)")
+    return None
 
 
 def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
@@ -166,7 +178,8 @@ def _declare_moe(backend: "KunlunBackend") -> None:
                 lambda: _missing_ops(backend, "moe_sigmoid_group_topk_norm"),
                 lambda: _experts_over(experts, "moe_sigmoid_group_topk_norm"),
                 lambda: None if norm_topk_prob else
-                "moe_sigmoid_group_topk_norm always renormalises the selected weights (norm_topk_prob=False)")
+                "moe_sigmoid_group_topk_norm always renormalises the selected weights (norm_topk_prob=False)",
+                lambda: sigmoid_underflow(logits, "moe_sigmoid_group_topk_norm"))
         kernel = "moe_softmax_topk_norm" if norm_topk_prob else "moe_softmax_topk"
         return _first_reason(
             lambda: _missing_ops(backend, kernel),
