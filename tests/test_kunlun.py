@@ -420,3 +420,28 @@ def test_conformance_tiny_preset_on_the_emulated_backend(register):
     passed = {r.op for r in records if r.status == "pass"}
     assert passed == {r.op for r in records} - declined, passed
     assert all(r.impl == f"{EMU}.{r.op}" for r in records if r.status == "pass")
+
+
+# -- the tiny GLM-5 model on the emulated backend --------------------------------------------------
+@pytest.mark.slow
+def test_the_tiny_glm5_model_runs_on_the_emulated_backend(xpu):
+    import warnings
+    from glm5_hal.models import GLM5Config, GLM5ForCausalLM
+
+    def run(backend_name):
+        model = GLM5ForCausalLM(GLM5Config.tiny(), seed=3)
+        prompts = [torch.randint(0, 512, (n,), generator=seeded(n)).tolist() for n in (9, 4)]
+        with hal.use(backend_name), warnings.catch_warnings():
+            warnings.simplefilter("ignore", hal.FallbackWarning)
+            cache = model.new_cache(12, 4)
+            out = [model.prefill(cache, ["a", "b"], prompts)]
+            out += [model.decode(cache, ["a", "b"], [t, t]) for t in (5, 77, 301)]
+        return torch.cat(out)
+
+    logits = run(EMU)
+    for op in ("kunlun_ops.rmsnorm", "kunlun_ops.silu_and_mul", "kunlun_ops.reshape_and_cache",
+               "xspeedgate_ops.hadamard_transform", "_C.moe_sigmoid_group_topk_norm", "_C.moe_pre_sorted",
+               "_C.moe_fc", "_C.moe_post"):
+        assert xpu.calls[op] > 0, op
+    assert set(xpu.C.fc_acts) == {None}
+    torch.testing.assert_close(logits, run("reference"), atol=1e-3, rtol=1e-3)
