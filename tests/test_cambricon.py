@@ -596,3 +596,54 @@ def test_the_tiny_glm5_model_uses_the_vendor_indexer_in_bfloat16(mlu):
     assert mlu.tmo.calls["masked_indexer_select_paged_kv"] > 0
     reference = run_tiny_model("reference", torch.bfloat16, index_head_dim=128)
     assert torch.nn.functional.cosine_similarity(logits, reference, dim=-1).min() > 0.99
+
+
+# -- the ctypes side of kernels.py, against a compiled stand-in library ------------------------------
+STUB_SOURCE = r"""
+#include <stdint.h>
+int glm5_hal_mlu_sparse_mla_decode_paged(const void* q, const void* kv, const int32_t* table, const int32_t* lens,
+    const int32_t* idx, void* out, float* lse, int64_t batch, int64_t queries, int64_t heads, int64_t dqk,
+    int64_t dv, int64_t topk, int64_t num_blocks, int64_t block_size, int64_t max_blocks, float sm_scale,
+    int dtype, void* queue) {
+  /* Echo the scalar arguments into lse (host memory here) so the test can read what arrived. */
+  float got[12] = {(float)batch, (float)queries, (float)heads, (float)dqk, (float)dv, (float)topk,
+                   (float)num_blocks, (float)block_size, (float)max_blocks, sm_scale, (float)dtype,
+                   (float)(lens[0] + idx[0])};
+  for (int i = 0; i < 12; ++i) lse[i] = got[i];
+  return queue == (void*)0 ? 0 : 7;
+}
+"""
+
+
+@pytest.fixture
+def stub_library(tmp_path):
+    import shutil
+    import subprocess
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in kernel library")
+    source, library = tmp_path / "stub.c", tmp_path / "libstub.so"
+    source.write_text(STUB_SOURCE)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O0", str(source), "-o", str(library)], check=True)
+    return library
+
+
+def test_kernels_py_passes_pointers_sizes_and_the_queue(stub_library):
+    from glm5_hal.backends.cambricon.kernels import KernelLibrary
+    library = KernelLibrary(stub_library)
+    assert library.missing() is None and library.status() == f"built ({stub_library})"
+    q, cache = torch.zeros(2, 3, 4, 20, dtype=BF16), torch.zeros(7, 16, 20, dtype=BF16)
+    table, lens = torch.zeros(2, 5, dtype=I32), torch.tensor([9, 2], dtype=I32)
+    indices = torch.full((2, 3, 6), 4, dtype=I32)
+    out, lse = torch.zeros(2, 3, 4, 12, dtype=BF16), torch.zeros(2, 3, 4)
+    library.sparse_mla_decode_paged(q, cache, table, lens, indices, out, lse, 0.25, 0)
+    assert lse.flatten()[:12].tolist() == [2, 3, 4, 20, 12, 6, 7, 16, 5, 0.25, 2, 13]
+    with pytest.raises(RuntimeError, match="failed with status 7"):
+        library.sparse_mla_decode_paged(q, cache, table, lens, indices, out, lse, 0.25, 1)
+
+
+def test_a_kernel_library_that_does_not_load_is_a_reason(tmp_path):
+    from glm5_hal.backends.cambricon.kernels import KernelLibrary
+    broken = tmp_path / "libglm5_hal_cambricon_kernels.so"
+    broken.write_text("not an ELF file")
+    assert KernelLibrary(broken).missing().startswith("cambricon kernel library does not load: ")

@@ -445,3 +445,43 @@ def test_the_tiny_glm5_model_runs_on_the_emulated_backend(xpu):
         assert xpu.calls[op] > 0, op
     assert set(xpu.C.fc_acts) == {None}
     torch.testing.assert_close(logits, run("reference"), atol=1e-3, rtol=1e-3)
+
+
+# -- the ctypes side of kernels.py, against a compiled stand-in library ------------------------------
+STUB_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+int glm5_hal_xpu_sparse_mla_decode_paged(void) { return 0; }
+int glm5_hal_xpu_kv_cache_gather(const void* cache, const int32_t* table, const int32_t* lens,
+    const int64_t* offsets, void* out, int64_t batch, int64_t num_blocks, int64_t block_size,
+    int64_t max_blocks, int64_t row_bytes, void* stream) {
+  /* A host-memory version of the kernel's contract: enough to check the marshalling. */
+  for (int64_t b = 0; b < batch; ++b)
+    for (int32_t p = 0; p < lens[b]; ++p) {
+      int32_t block = table[b * max_blocks + p / block_size];
+      memcpy((char*)out + (offsets[b] + p) * row_bytes,
+             (const char*)cache + ((int64_t)block * block_size + p % block_size) * row_bytes, row_bytes);
+    }
+  return stream == (void*)0 ? 0 : 3;
+}
+"""
+
+
+def test_kernels_py_gathers_through_a_compiled_library(tmp_path, register):
+    import shutil
+    import subprocess
+    from glm5_hal.backends.kunlun.kernels import KernelLibrary
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in kernel library")
+    source, library_path = tmp_path / "stub.c", tmp_path / "libstub.so"
+    source.write_text(STUB_SOURCE)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O0", str(source), "-o", str(library_path)], check=True)
+    library = KernelLibrary(library_path)
+    register(emulated(kernel_library=library))
+    cache, table, lens = paged(seeded(14), [6, 0, 3], 4, 10, BF16)
+    assert chosen("kv_cache_gather", cache, table, lens) == f"{EMU}.kv_cache_gather"
+    assert torch.equal(hal.ops.kv_cache_gather(cache, table, lens), ref.kv_cache_gather(cache, table, lens))
+    offsets = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="failed with status 3"):
+        library.kv_cache_gather(cache, table, lens, offsets, torch.empty(9, 10, dtype=BF16), 1)
