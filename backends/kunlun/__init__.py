@@ -126,8 +126,8 @@ class KunlunBackend(VendorBackend):
         chip = self.chip
         if chip is None:
             return Capabilities(dist_backend=self.vendor.dist_backend)
-        speedgate = "installed" if self.runtime is not None and self.runtime.xspeedgate is not None else \
-            (getattr(self.runtime, "xspeedgate_missing", "") or "not installed")
+        runtime = self.runtime
+        speedgate = "installed" if runtime.xspeedgate is not None else runtime.xspeedgate_missing
         return Capabilities(
             dtypes=chips.DTYPES_KUNLUN3, dist_backend=self.vendor.dist_backend, device_name=chip.device_name,
             limits={"generation": "Kunlun3", "devices": chip.device_count, "fp8": False,
