@@ -193,6 +193,7 @@ class IndexerSpec:
     view: bool = False           # every input a non-contiguous view
     tied: bool = False           # all keys equal: every in-range logit of a row ties
     weight_sign: float = 0.0     # 0: signed weights; -1: all negative (top-k = least activated)
+    model_weights: bool = False  # weights rounded through q's dtype (a bf16/fp16 weights_proj)
     outcome: str = RESULT
     note: str = ""
 
@@ -217,6 +218,8 @@ def _indexer_args(g, spec: IndexerSpec, dtype):
     w = torch.randn(t, hi, generator=g) * wscale
     if spec.weight_sign:
         w = w.abs() * spec.weight_sign
+    if spec.model_weights:
+        w = w.to(dtype).float()
     return (q, k, w, torch.tensor(spec.ranges.starts, dtype=I32),
             torch.tensor(spec.ranges.ends, dtype=I32))
 
@@ -249,6 +252,9 @@ def _indexer_specs(preset: str) -> list[IndexerSpec]:
                         keys="fp8_ue8m0", note="power-of-two key scales"),
             IndexerSpec("noncontig_views", Ranges.packed([(0, 3), (0, 17)]), heads=3, topk=17, view=True,
                         outcome=RESULT_OR_ERROR),
+            IndexerSpec("model_weights_causal_t129", Ranges.packed([(0, 129)]), heads=17, topk=17,
+                        model_weights=True, note="weights as a model computes them: a bf16/fp16 "
+                        "weights_proj output in float32 (what vendor ops taking q-dtype weights serve)"),
         ]
     else:
         tail = Ranges.tail(5001, 2)
@@ -310,6 +316,7 @@ class PagedIndexerSpec:
     topk: int
     keys: str = "float"
     view: bool = False
+    model_weights: bool = False  # weights rounded through q's dtype (see IndexerSpec)
     outcome: str = RESULT
     note: str = ""
 
@@ -328,6 +335,8 @@ def _paged_indexer_args(g, spec: PagedIndexerSpec, dtype):
         return q, cache, w, View(wide, lambda t, m=table.shape[1]: t[:, :m]), lens, spec.topk
     q = randn(g, (b, n, hi, D_INDEX), dtype)
     w = randn(g, (b, n, hi), torch.float32, wscale)
+    if spec.model_weights:
+        w = w.to(dtype).float()
     return q, cache, w, table, lens, spec.topk
 
 
@@ -353,6 +362,8 @@ def _paged_indexer_specs(preset: str) -> list[PagedIndexerSpec]:
             P("fp8_cache", Paging((1, 18, 40), 17), queries=2, heads=17, topk=17, keys="fp8"),
             P("noncontig_views", Paging((20, 40), 17), queries=2, heads=3, topk=33, view=True,
               outcome=RESULT_OR_ERROR, note="q, weights and the block table (a column slice) are views"),
+            P("model_weights_bs16", Paging((1, 18, 40), 16), queries=2, heads=17, topk=17, model_weights=True,
+              note="weights from a q-dtype weights_proj; block size 16 (vendor paged caches)"),
         ]
     return [
         P("decode_b2_ctx1500_5000", Paging((1500, 5000), BLOCK_GLM5), 1, HI_GLM5, TOPK_GLM5,
