@@ -83,6 +83,11 @@ def _e4m3_grid() -> torch.Tensor:
     return values[torch.isfinite(values)].unique()
 
 
+def _e4m3_even(v: torch.Tensor) -> torch.Tensor:
+    """Whether each e4m3 value (float64, finite) has an even code (last mantissa bit 0)."""
+    return (v.to(torch.float8_e4m3fn).view(torch.uint8) & 1) == 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Fp8Codes:
     """The FP8 values themselves (not dequantized), as RNE rounding of `source / scale` must
@@ -90,9 +95,11 @@ class Fp8Codes:
 
     A dequantized comparison allows an e4m3 ulp (rtol 2^-3), which cannot tell round-to-
     nearest-even from truncation; the codes can. Only where `source / scale` lies within
-    `FP8_TIE_WINDOW` of a midpoint between two e4m3 values, but not on it, is either
-    neighbour accepted (both sides are mapped to the nearer one): float32 evaluation noise
-    of the quotient may cross such a midpoint. An exact midpoint must round to even.
+    `FP8_TIE_WINDOW` of a midpoint between two e4m3 values is either neighbour accepted (on
+    both sides, either is mapped to the even one): float32 evaluation of the quotient
+    (`x * (448 / amax)`, a reciprocal, a scale an ulp off) may land on either side. With a
+    power-of-two scale every evaluation of the quotient is exact, so there a midpoint must
+    round to even.
 
     scale: the target holding the scales (blocks as in `Fp8Dequant`).
     source: the argument that was quantized, `[..., K]` like the values; or, with `slots`,
@@ -125,12 +132,15 @@ class Fp8Codes:
             x = scattered.reshape(q.shape)
         r = (x / unit).clamp(-FP8_MAX, FP8_MAX)
         grid = _e4m3_grid()
-        hi_at = torch.searchsorted(grid, r.nan_to_num(0.0)).clamp(1, grid.numel() - 1)
+        hi_at = torch.searchsorted(grid, r.nan_to_num(0.0).contiguous()).clamp(1, grid.numel() - 1)
         lo, hi = grid[hi_at - 1], grid[hi_at]
         mid = (lo + hi) / 2
-        near = ((r - mid).abs() <= FP8_TIE_WINDOW * mid.abs()) & (r != mid) & (r > lo) & (r < hi)
+        exact_quotient = torch.frexp(unit).mantissa.abs() == 0.5    # a power-of-two scale
+        near = ((r - mid).abs() <= FP8_TIE_WINDOW * mid.abs()) & (r > lo) & (r < hi) \
+            & ~((r == mid) & exact_quotient)
         either = near & ((codes == lo) | (codes == hi))
-        canonical = torch.where(either, torch.where(r < mid, lo, hi), codes)
+        # the even neighbour stands for both: each side decides "near" with its own scale
+        canonical = torch.where(either, torch.where(_e4m3_even(lo), lo, hi), codes)
         return canonical, unit
 
     def __str__(self) -> str:
