@@ -1,6 +1,8 @@
 """rms_norm: the cpu kernel against the reference, and the input contract."""
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -23,7 +25,7 @@ def check_close(out, x, w, eps):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (129, 64), (2, 5, 6144), (0, 8)])
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
 def test_cpu_kernel_matches_reference(dtype, shape, wdtype):
-    g = torch.Generator().manual_seed(hash((shape, str(dtype))) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(repr((shape, dtype, wdtype)).encode()))
     x = torch.randn(shape, generator=g).to(dtype)
     w = (torch.rand(shape[-1], generator=g) + 0.5).to(wdtype)
     with hal.use("cpu"):

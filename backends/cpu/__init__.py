@@ -33,7 +33,7 @@ class CpuBackend(Backend):
 
 cpu = CpuBackend()
 
-from . import ops  # noqa: E402,F401  (declares the kernels on `cpu`)
+from . import dsa, ops  # noqa: E402,F401  (declare the kernels on `cpu`)
 
 
 @hookimpl

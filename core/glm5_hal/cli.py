@@ -115,6 +115,29 @@ def _cmd_new_backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Generates with the tiny GLM-5-architecture model (glm5_hal.models) through the HAL."""
+    import torch
+
+    from .models import demo
+    try:
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError) as exc:   # unknown device string, or torch built without it
+        print(f"glm5-hal demo: error: device {args.device!r} is not usable: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    demo.run(tokens=args.tokens, backend=args.backend, seed=args.seed, prompt_len=args.prompt_len,
+             dtype=args.dtype, fp8_indexer=args.fp8_indexer, device=args.device)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glm5-hal", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -157,6 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="F", help="write JUnit XML to F (for CI)")
     p.add_argument("--markdown", metavar="F", help="write the matrix as Markdown to F (README, PR)")
     p.set_defaults(func=_cmd_conformance)
+
+    p = sub.add_parser("demo", help="generate with a tiny GLM-5-architecture model through the HAL "
+                                    "(docs/models.md)")
+    p.add_argument("--tokens", type=_positive_int, default=32, metavar="N", help="tokens to generate (default 32)")
+    p.add_argument("--backend", metavar="B", help="pin dispatch to backend B (default: best available per op)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the weights and the prompt (default 0)")
+    p.add_argument("--prompt-len", type=_positive_int, default=16, metavar="P",
+                   help="random prompt length (default 16)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="model dtype (default float32)")
+    p.add_argument("--fp8-indexer", action="store_true", help="FP8 indexer keys and queries")
+    p.add_argument("--device", default="cpu", help="torch device of the model and its cache (default cpu)")
+    p.add_argument("--threads", type=_positive_int, metavar="T",
+                   help="torch intra-op threads (default: torch's; the tiny model often runs "
+                        "fastest with 1)")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 

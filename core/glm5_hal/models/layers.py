@@ -1,0 +1,305 @@
+"""The layers of a GLM-5-architecture model, computed with `glm5_hal.ops` (plus plain torch for
+embeddings, linear projections and the indexer's LayerNorm).
+
+Module and parameter names follow HF transformers' `glm_moe_dsa` (GlmMoeDsaForCausalLM), so
+a state dict of that model loads by name (docs/models.md lists what was checked).
+
+Attention runs in absorbed (MQA) mode over one paged latent cache per layer whose rows are
+`cat(c_kv, rope(k_pe))`: the absorbed query `cat(q_nope @ W_UK, rope(q_pe))` scores a row
+exactly as the expanded per-head key `cat(W_UK c_kv, rope(k_pe))` would, and the latent
+output goes through W_UV and o_proj.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops as hal_ops
+from .config import GLM5Config
+
+# Every op call below goes through this name so that `trace.record_ops()` can observe which
+# ops a forward pass calls, with what arguments (the demo explains their dispatch).
+ops = hal_ops
+
+#: An indexer key cache: [num_blocks, block_size, index_head_dim] in the model's dtype, or the
+#: FP8 pair (float8_e4m3fn [num_blocks, block_size, index_head_dim], float32 [num_blocks, block_size]).
+IndexCache = Union[Tensor, "tuple[Tensor, Tensor]"]
+
+
+class LayerCache(NamedTuple):
+    """One layer's paged caches (block geometry shared by every layer)."""
+    kv: Tensor                      # [num_blocks, block_size, d_qk]: rows cat(c_kv, k_pe)
+    index_keys: IndexCache | None   # None when the model attends densely (no indexer)
+
+
+class Step(NamedTuple):
+    """What every layer needs to know about the tokens of one forward pass.
+
+    Tokens are packed: T new tokens of B sequences, sequence by sequence. A decode step has
+    exactly one new token per sequence (T == B) and no k ranges; a packed prefill has any
+    number per sequence and gives each token its key range within the sequences' context
+    rows gathered from the cache and concatenated in batch order.
+    """
+    positions: Tensor               # int32 [T]: position of each new token in its sequence
+    slot_mapping: Tensor            # int32 [T]: the cache slot each new token is written to
+    block_table: Tensor             # int32 [B, max_blocks]
+    context_lens: Tensor            # int32 [B]: tokens held after this step (new ones included)
+    k_start: Tensor | None = None   # prefill: int32 [T], first gathered row a token sees
+    k_end: Tensor | None = None     # prefill: int32 [T], one past the last (causal)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP: the dense layers' `mlp` and the MoE layers' `mlp.shared_experts`."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(ops.silu_and_mul(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+
+
+class Router(nn.Module):
+    """`mlp.gate`: router weight and the score correction bias (selection only)."""
+
+    def __init__(self, config: GLM5Config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
+        self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # router logits in float32, as HF and DeepSeek-V3.2 compute them
+        return F.linear(x.float(), self.weight.float())
+
+    def _apply(self, fn, recurse=True):
+        # The bias stays float32 whatever the model dtype (HF: _keep_in_fp32_modules_strict):
+        # it decides expert selection, where a bf16 rounding would flip near choices.
+        original = self.e_score_correction_bias
+        module = super()._apply(fn, recurse)
+        moved = self.e_score_correction_bias
+        if moved.dtype != torch.float32:
+            self._buffers["e_score_correction_bias"] = original.to(device=moved.device, dtype=torch.float32)
+        return module
+
+
+class Experts(nn.Module):
+    """`mlp.experts`: routed expert weights stacked in grouped_gemm's [E, N, K] layout.
+
+    `gate_up_proj` [E, 2I, H] holds each expert's gate rows then up rows (so silu_and_mul
+    splits them), `down_proj` [E, H, I]; these are also HF transformers' in-memory names.
+    `state_dict()` writes the checkpoint layout instead, one module per expert
+    (`experts.{e}.gate_proj.weight`, `.up_proj.weight`, `.down_proj.weight`), and
+    `load_state_dict()` accepts either layout.
+    """
+
+    def __init__(self, config: GLM5Config):
+        super().__init__()
+        e, i, h = config.n_routed_experts, config.moe_intermediate_size, config.hidden_size
+        self.num_experts, self.intermediate_size = e, i
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        self.register_state_dict_post_hook(_experts_to_checkpoint_layout)
+        self.register_load_state_dict_pre_hook(_experts_from_checkpoint_layout)
+
+
+def _experts_to_checkpoint_layout(module: Experts, state_dict, prefix: str, local_metadata) -> None:
+    gate_up = state_dict.pop(prefix + "gate_up_proj", None)
+    down = state_dict.pop(prefix + "down_proj", None)
+    if gate_up is None or down is None:  # a dict already rewritten or filtered: leave it
+        return
+    i = module.intermediate_size
+    for e in range(module.num_experts):
+        # clones: per-expert tensors must not share storage (safetensors refuses shared tensors)
+        state_dict[f"{prefix}{e}.gate_proj.weight"] = gate_up[e, :i].clone()
+        state_dict[f"{prefix}{e}.up_proj.weight"] = gate_up[e, i:].clone()
+        state_dict[f"{prefix}{e}.down_proj.weight"] = down[e].clone()
+
+
+def _experts_from_checkpoint_layout(module: Experts, state_dict, prefix: str, *args) -> None:
+    names = [(f"{prefix}{e}.gate_proj.weight", f"{prefix}{e}.up_proj.weight",
+              f"{prefix}{e}.down_proj.weight") for e in range(module.num_experts)]
+    if not all(n in state_dict for triple in names for n in triple):
+        return  # fused layout, or an incomplete one: load_state_dict reports what is missing
+    gate_up = [torch.cat([state_dict.pop(g), state_dict.pop(u)], dim=0) for g, u, _ in names]
+    state_dict[prefix + "gate_up_proj"] = torch.stack(gate_up)
+    state_dict[prefix + "down_proj"] = torch.stack([state_dict.pop(d) for _, _, d in names])
+
+
+class MoE(nn.Module):
+    """Routed experts (sigmoid routing with correction bias) plus the shared expert."""
+
+    def __init__(self, config: GLM5Config):
+        super().__init__()
+        self.config = config
+        self.gate = Router(config)
+        self.experts = Experts(config)
+        self.shared_experts = (MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
+                               if config.n_shared_experts else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        c = self.config
+        weights, ids = ops.moe_route(self.gate(x), self.gate.e_score_correction_bias, c.num_experts_per_tok,
+                                     c.n_group, c.topk_group, c.routed_scaling_factor, c.norm_topk_prob,
+                                     "sigmoid")
+        rows, tokens_per_expert, src = ops.moe_permute(x, ids, c.n_routed_experts)
+        hidden = ops.silu_and_mul(ops.grouped_gemm(rows, self.experts.gate_up_proj, tokens_per_expert))
+        out = ops.moe_unpermute(ops.grouped_gemm(hidden, self.experts.down_proj, tokens_per_expert),
+                                src, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class Indexer(nn.Module):
+    """`self_attn.indexer`: the DSA lightning indexer's projections (OPS.md 4.1)."""
+
+    def __init__(self, config: GLM5Config):
+        super().__init__()
+        self.config = config
+        heads, dim = config.index_n_heads, config.index_head_dim
+        self.wq_b = nn.Linear(config.q_lora_rank, heads * dim, bias=False)
+        self.wk = nn.Linear(config.hidden_size, dim, bias=False)
+        self.k_norm = nn.LayerNorm(dim, eps=config.indexer_norm_eps)
+        self.weights_proj = nn.Linear(config.hidden_size, heads, bias=False)
+
+    def forward(self, x: Tensor, q_latent: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Indexer queries [T, Hi, D], keys [T, D] and head weights [T, Hi] float32 with
+        every scale folded in (Hi^-0.5, D^-0.5 and, with FP8, the query scale)."""
+        c = self.config
+        heads, dim = c.index_n_heads, c.index_head_dim
+        q = self._rope(self.wq_b(q_latent).view(-1, heads, dim), positions)
+        k = self._rope(self.k_norm(self.wk(x)).unsqueeze(1), positions).squeeze(1)
+        # The Hadamard rotation is orthonormal (dot products unchanged); it spreads outliers
+        # across dims before FP8 quantization.
+        q = ops.hadamard_transform(q, dim ** -0.5)
+        k = ops.hadamard_transform(k, dim ** -0.5)
+        weights = self.weights_proj(x).float() * (heads ** -0.5 * dim ** -0.5)
+        if c.indexer_fp8:
+            q_fp8, q_scale = ops.fp8_block_quant(q, dim, c.indexer_scale_fmt)
+            # relu(s * q8 . k) = s * relu(q8 . k) for s > 0: the scale moves into the weights
+            q, weights = q_fp8.to(q.dtype), weights * q_scale.squeeze(-1)
+        return q, k, weights
+
+    def _rope(self, t: Tensor, positions: Tensor) -> Tensor:
+        """Rope on the first qk_rope_head_dim dims of each head, the rest unchanged."""
+        c = self.config
+        r = c.qk_rope_head_dim
+        roped = ops.apply_rope(t[..., :r], positions, c.rope_theta, c.indexer_rope_interleaved)
+        return torch.cat([roped, t[..., r:]], dim=-1)
+
+
+def write_index_keys(keys: Tensor, cache: IndexCache, slot_mapping: Tensor, scale_fmt: str | None) -> None:
+    if isinstance(cache, tuple):
+        ops.indexer_k_cache_write(keys, cache[0], cache[1], slot_mapping, scale_fmt)
+    else:
+        ops.kv_cache_write(cache, keys, slot_mapping)
+
+
+class MLAAttention(nn.Module):
+    """`self_attn`: multi-head latent attention with the DSA indexer."""
+
+    def __init__(self, config: GLM5Config):
+        super().__init__()
+        self.config = config
+        c = config
+        self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.lora_norm_eps)
+        self.q_b_proj = nn.Linear(c.q_lora_rank, c.num_heads * c.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.lora_norm_eps)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.v_head_dim, c.hidden_size, bias=False)
+        self.indexer = Indexer(c)
+
+    def forward(self, x: Tensor, step: Step, cache: LayerCache) -> Tensor:
+        c = self.config
+        tokens = x.shape[0]
+        q_latent = self.q_a_layernorm(self.q_a_proj(x))
+        q_nope, q_pe = self.q_b_proj(q_latent).view(tokens, c.num_heads, c.qk_head_dim).split(
+            [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        q_pe = ops.apply_rope(q_pe, step.positions, c.rope_theta, c.rope_interleaved)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        k_pe = ops.apply_rope(k_pe.unsqueeze(1), step.positions, c.rope_theta, c.rope_interleaved).squeeze(1)
+        ops.kv_cache_write(cache.kv, torch.cat([self.kv_a_layernorm(c_kv), k_pe], dim=-1), step.slot_mapping)
+
+        w_uk, w_uv = self.kv_b_proj.weight.view(c.num_heads, c.qk_nope_head_dim + c.v_head_dim,
+                                                c.kv_lora_rank).split([c.qk_nope_head_dim, c.v_head_dim], dim=1)
+        query = torch.cat([torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe], dim=-1)   # [T, H, d_qk]
+
+        index = None
+        if c.attention == "sparse":
+            index = self.indexer(x, q_latent, step.positions)
+            write_index_keys(index[1], cache.index_keys, step.slot_mapping, c.indexer_scale_fmt)
+        if step.k_start is None:
+            latent = self._decode(query, index, step, cache)
+        else:
+            latent = self._prefill(query, index, step, cache)
+        out = torch.einsum("thc,hvc->thv", latent, w_uv)                                # [T, H, v]
+        return self.o_proj(out.reshape(tokens, c.num_heads * c.v_head_dim))
+
+    def _decode(self, query: Tensor, index, step: Step, cache: LayerCache) -> Tensor:
+        """One new token per sequence, attending through the block tables."""
+        c = self.config
+        query = query.unsqueeze(1)                                                      # [B, 1, H, d_qk]
+        if index is None:
+            out, _ = ops.dense_mla_decode_paged(query, cache.kv, step.block_table, step.context_lens,
+                                                c.sm_scale, c.d_v)
+        else:
+            q, _, weights = index
+            top = ops.indexer_topk_paged(q.unsqueeze(1), cache.index_keys, weights.unsqueeze(1),
+                                         step.block_table, step.context_lens, c.index_topk)
+            out, _ = ops.sparse_mla_decode_paged(query, cache.kv, step.block_table, step.context_lens,
+                                                 top, c.sm_scale, c.d_v)
+        return out.squeeze(1)
+
+    def _prefill(self, query: Tensor, index, step: Step, cache: LayerCache) -> Tensor:
+        """Any number of new tokens per sequence: the sequences' rows (cached context and
+        the rows just written) are gathered once and each token attends within its range."""
+        c = self.config
+        rows = ops.kv_cache_gather(cache.kv, step.block_table, step.context_lens)      # [S, d_qk]
+        if index is None:
+            span = int((step.k_end - step.k_start).max())
+            candidates = step.k_start.unsqueeze(1) + torch.arange(span, device=query.device, dtype=torch.int32)
+            top = torch.where(candidates < step.k_end.unsqueeze(1), candidates, -1)
+        else:
+            q, _, weights = index
+            top = ops.indexer_topk(q, self._gathered_index_keys(cache.index_keys, step), weights,
+                                   step.k_start, step.k_end, c.index_topk)
+        out, _ = ops.sparse_mla_attention(query, rows, top, c.sm_scale, c.d_v)
+        return out
+
+    @staticmethod
+    def _gathered_index_keys(cache: IndexCache, step: Step):
+        if isinstance(cache, tuple):
+            keys = ops.kv_cache_gather(cache[0], step.block_table, step.context_lens)
+            scales = ops.kv_cache_gather(cache[1].unsqueeze(-1), step.block_table, step.context_lens)
+            return keys, scales.squeeze(-1)
+        return ops.kv_cache_gather(cache, step.block_table, step.context_lens)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: GLM5Config, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MLAAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MoE(config) if config.is_moe_layer(layer) else MLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: Tensor, step: Step, cache: LayerCache) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), step, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
