@@ -16,6 +16,12 @@ import glm5_hal as hal
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under pytest-xdist every worker would otherwise start one torch/OpenMP thread per core:
+# N workers x N threads oversubscribe the machine and make kernels crawl (a tiny decode step
+# went from 6 ms to 240 ms). Give each worker its share of the cores.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.fixture
 def hal_state(monkeypatch):
