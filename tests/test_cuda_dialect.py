@@ -55,7 +55,7 @@ def header_prototypes() -> dict[str, tuple]:
 
 def test_the_header_and_the_ctypes_signatures_agree():
     prototypes = header_prototypes()
-    assert len(prototypes) == 7
+    assert len(prototypes) == 10
     assert prototypes == gpu.SIGNATURES
 
 
@@ -197,7 +197,7 @@ def test_a_missing_library_is_a_reason_not_an_error(tmp_path):
 def cuda_build() -> GpuKernelLibrary:
     library = GpuKernelLibrary(gpu.cuda_library(), label="CUDA kernel", target="cuda", hint="install with nvcc")
     if library.missing():
-        pytest.skip(f"the nvcc build is absent: {library.missing()}")
+        pytest.skip(f"the nvcc build is not usable: {library.missing()}")
     return library
 
 
@@ -219,6 +219,10 @@ def _launches(g, device):
                                                                                                        generator=g)
     x = torch.randn(3, 10, generator=g, dtype=torch.float32).to(torch.bfloat16)
     cache, values, slots = torch.zeros(2, 4, 8), torch.randn(3, 8, generator=g), torch.tensor([5, -1, 0])
+    mx, ids = torch.randn(5, 12, generator=g), torch.randint(-1, 4, (5, 3), generator=g, dtype=torch.int32)
+    routing = torch.rand(5, 3, generator=g)
+    _, _, src = hal.reference.moe_permute(mx, ids, 4)
+    my = torch.randn(src.shape[0], 12, generator=g)
     to = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
     return {
         "sparse_mla_decode": (lambda k, s: k.sparse_mla_decode(*to(mla_q, mla_kv, table, lens, mla_idx), 0.1, 64, s),
@@ -229,11 +233,14 @@ def _launches(g, device):
                                hal.reference.indexer_topk_paged(pq, pk, pw, table, lens, 4)),
         "silu_and_mul": (lambda k, s: k.silu_and_mul(x.to(device), s), hal.reference.silu_and_mul(x)),
         "kv_cache_write": (lambda k, s: k.kv_cache_write(*to(cache, values, slots), s), None),
+        "moe_permute": (lambda k, s: k.moe_permute(*to(mx, ids), 4, s), hal.reference.moe_permute(mx, ids, 4)),
+        "moe_unpermute": (lambda k, s: k.moe_unpermute(*to(my, src, routing), s),
+                          hal.reference.moe_unpermute(my, src, routing)),
     }
 
 
 @pytest.mark.parametrize("launcher", ["sparse_mla_decode", "indexer_topk", "indexer_topk_paged", "silu_and_mul",
-                                      "kv_cache_write"])
+                                      "kv_cache_write", "moe_permute", "moe_unpermute"])
 def test_every_launcher_passes_the_kernels_size_checks(cuda_build, launcher):
     """Here (no GPU) the host code accepts the arguments and only the launch fails; on a
     machine with a CUDA GPU the kernel runs and its result is compared."""
@@ -247,6 +254,8 @@ def test_every_launcher_passes_the_kernels_size_checks(cuda_build, launcher):
     torch.cuda.synchronize()
     if launcher.startswith("indexer"):
         assert torch.equal(got.cpu().sort(-1).values, want.sort(-1).values)
+    elif launcher == "moe_permute":
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
     elif launcher == "sparse_mla_decode":
         torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-4, atol=1e-5)

@@ -342,6 +342,8 @@ def test_indexer_declines_without_kernels_or_lightop(hal_state, monkeypatch):
     ("sparse_mla_decode_paged", (torch.ones(1, 1, 4, 576), torch.ones(2, 4, 576), torch.tensor([[0, 1]], dtype=I32),
                                  torch.tensor([5], dtype=I32), torch.zeros(1, 1, 4, dtype=I32), 0.1, 512)),
     ("kv_cache_write", (torch.zeros(2, 4, 8), torch.ones(3, 8), torch.tensor([0, -1, 5]))),
+    ("moe_permute", (torch.ones(3, 8), torch.zeros(3, 2, dtype=I32), 4)),
+    ("moe_unpermute", (torch.ones(2, 8), torch.tensor([0, 3], dtype=I32), torch.ones(2, 2))),
 ])
 def test_kernel_ops_are_declined_while_the_dcu_kernels_are_not_built(k100, op, args):
     reason = rejection(op, *args)
@@ -364,5 +366,5 @@ def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, monkeypatch,
     assert all(r.reason.startswith("device ") for r in records if r.status == "skip")
     passed = {r.op for r in records if r.status == "pass"}
     assert passed == {r.op for r in records if r.op not in ("sparse_mla_attention", "sparse_mla_decode_paged",
-                                                                 "kv_cache_write")}, passed
+                                                                 "kv_cache_write", "moe_permute", "moe_unpermute")}, passed
     assert all(r.impl == f"{EMU}.{r.op}" for r in records if r.status == "pass")

@@ -350,6 +350,8 @@ def test_sparse_mla_on_an_s4000_or_without_flash_mla_is_declined(hal_state, monk
                       torch.full((2,), 5, dtype=I32), 3)),
     ("indexer_topk_paged", (torch.ones(1, 1, 4, 16), torch.ones(2, 4, 16), torch.ones(1, 1, 4),
                             torch.tensor([[0, 1]], dtype=I32), torch.tensor([6], dtype=I32), 3)),
+    ("moe_permute", (torch.ones(3, 8), torch.zeros(3, 2, dtype=I32), 4)),
+    ("moe_unpermute", (torch.ones(2, 8), torch.tensor([0, 3], dtype=I32), torch.ones(2, 2))),
 ])
 def test_kernel_ops_are_declined_while_the_musa_kernels_are_not_built(s4000, op, args):
     assert rejection(op, *args).startswith("MUSA kernel not built (libglm5_hal_musa_kernels.so not found")

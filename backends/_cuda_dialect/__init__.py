@@ -49,6 +49,9 @@ SIGNATURES: dict[str, tuple[object, list]] = {
                                              _I64, _I64, _I64, _I64, _I, _I, _P]),
     "glm5_hal_gpu_kv_cache_write": (_I, [_P, _P, _P, _I, _I64, _I64, _I64, _P]),
     "glm5_hal_gpu_silu_and_mul": (_I, [_P, _P, _I64, _I64, _I, _P]),
+    "glm5_hal_gpu_moe_permute_index": (_I, [_P, _I64, _I64, _I64, _P, _P, _P]),
+    "glm5_hal_gpu_gather_rows": (_I, [_P, _P, _I64, _I64, _I64, _I64, _P, _P]),
+    "glm5_hal_gpu_moe_unpermute": (_I, [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _P]),
 }
 
 
@@ -213,6 +216,35 @@ class GpuKernelLibrary:
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         self._call("glm5_hal_gpu_silu_and_mul", _ptr(rows), _ptr(out), rows.shape[0], half, DTYPE_CODE[x.dtype],
                    stream)
+        return out
+
+    def moe_permute(self, x: Tensor, ids: Tensor, num_experts: int, stream: int) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, D], ids int32 [T, k] -> (x_perm [M, D], tokens_per_expert int32 [E], src int32 [M])."""
+        tokens, k = ids.shape
+        counts = torch.empty(num_experts, dtype=torch.int32, device=x.device)
+        src = torch.empty(tokens * k, dtype=torch.int32, device=x.device)
+        ids = _i32(ids)
+        self._call("glm5_hal_gpu_moe_permute_index", _ptr(ids), tokens, k, num_experts, _ptr(counts), _ptr(src),
+                   stream)
+        rows = int(counts.sum())  # host sync: the output size depends on the data
+        src = src[:rows].clone()
+        x_perm = torch.empty((rows, x.shape[1]), dtype=x.dtype, device=x.device)
+        if x_perm.numel():
+            x = x.contiguous()
+            self._call("glm5_hal_gpu_gather_rows", _ptr(x), _ptr(src), rows, k, tokens,
+                       x.shape[1] * x.element_size(), _ptr(x_perm), stream)
+        return x_perm, counts, src
+
+    def moe_unpermute(self, y: Tensor, src: Tensor, weights: Tensor, stream: int) -> Tensor:
+        """y [M, D], src int32 [M], weights float32 [T, k] -> [T, D] like y."""
+        tokens, k = weights.shape
+        out = torch.empty((tokens, y.shape[1]), dtype=y.dtype, device=y.device)
+        if out.numel() == 0:
+            return out
+        workspace = torch.empty((tokens, y.shape[1]), dtype=torch.float32, device=y.device)
+        y, src, weights = y.contiguous(), _i32(src), weights.float().contiguous()
+        self._call("glm5_hal_gpu_moe_unpermute", _ptr(y), _ptr(src), _ptr(weights), _ptr(workspace), _ptr(out),
+                   y.shape[0], tokens, k, y.shape[1], DTYPE_CODE[y.dtype], stream)
         return out
 
     @staticmethod

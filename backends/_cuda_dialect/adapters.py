@@ -21,13 +21,14 @@ FLOATS = (_F32, _F16, _BF16)
 
 Verdict = "bool | str"
 
-KERNEL_OPS = ("silu_and_mul", "kv_cache_write", "indexer_topk", "indexer_topk_paged")
+KERNEL_OPS = ("silu_and_mul", "kv_cache_write", "indexer_topk", "indexer_topk_paged", "moe_permute", "moe_unpermute")
 
 #: what the kernels accept, as reported in a backend's capabilities().limits
 KERNEL_LIMITS = {
     "kernels: sparse MLA": f"Dqk <= {MLA_MAX_DQK}, d_v <= {MLA_MAX_DV}; f32/f16/bf16",
     "kernels: indexer top-k": f"heads <= {INDEXER_MAX_HEADS}, heads * D <= {INDEXER_MAX_QROW}; float or FP8 keys",
     "kernels: kv_cache_write": "contiguous cache, any dtype (rows copied as bytes)",
+    "kernels: moe_permute / moe_unpermute": "T * k < 2^31; unpermute accumulates in float32 with atomics",
 }
 
 
@@ -177,3 +178,13 @@ def declare_kernel_ops(backend: Any, ops: Iterable[str] = KERNEL_OPS) -> None:
             keys, scale = split_key(k_cache)
             return backend.kernels.indexer_topk_paged(q, keys, scale, weights, block_table, context_lens, topk,
                                                       backend.stream(q.device))
+
+    if "moe_permute" in wanted:
+        @backend.impl("moe_permute", dtypes=FLOATS, supports=kernels_missing)
+        def moe_permute(x: Tensor, ids: Tensor, num_experts: int):
+            return backend.kernels.moe_permute(x, ids, num_experts, backend.stream(x.device))
+
+    if "moe_unpermute" in wanted:
+        @backend.impl("moe_unpermute", dtypes=FLOATS, supports=kernels_missing)
+        def moe_unpermute(y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
+            return backend.kernels.moe_unpermute(y, src, weights, backend.stream(y.device))

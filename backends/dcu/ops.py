@@ -67,7 +67,7 @@ def declare(backend: "DcuBackend") -> None:
     _declare_grouped_gemm(backend)
     _declare_indexer(backend)
     _declare_sparse_mla(backend)
-    kernel_adapters.declare_kernel_ops(backend, ("kv_cache_write",))
+    kernel_adapters.declare_kernel_ops(backend, ("kv_cache_write", "moe_permute", "moe_unpermute"))
 
 
 def _lightop_declined(backend: "DcuBackend", places, what: str) -> str | None:

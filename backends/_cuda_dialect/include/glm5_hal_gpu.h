@@ -104,6 +104,25 @@ int glm5_hal_gpu_kv_cache_write(void* cache, const void* values, const void* slo
 int glm5_hal_gpu_silu_and_mul(const void* x, void* out, int64_t rows, int64_t half, int dtype,
                               void* stream);
 
+// moe_permute's index pass: tokens_per_expert[e] = count of ids == e over ids [tokens, k]
+// (int32; other values, e.g. -1, are dropped); src [tokens * k capacity] receives the flat
+// indices t * k + j of the kept entries grouped by expert ascending, then by ascending flat
+// index (its first sum(tokens_per_expert) entries are written).
+int glm5_hal_gpu_moe_permute_index(const int32_t* ids, int64_t tokens, int64_t k, int64_t num_experts,
+                                   int32_t* tokens_per_expert, int32_t* src, void* stream);
+
+// out[r] = x[src[r] / k] for r < rows (row_bytes bytes each; x has `tokens` rows); rows whose
+// src is outside [0, tokens * k) are left unwritten.
+int glm5_hal_gpu_gather_rows(const void* x, const int32_t* src, int64_t rows, int64_t k, int64_t tokens,
+                             int64_t row_bytes, void* out, void* stream);
+
+// moe_unpermute: out[t] = sum over rows r with src[r] / k == t of weights[src[r]] * y[r],
+// accumulated in float32 in workspace [tokens, dim] (overwritten) and rounded once into out
+// [tokens, dim] (dtype); y [rows, dim], weights [tokens, k] float32.
+int glm5_hal_gpu_moe_unpermute(const void* y, const int32_t* src, const float* weights, float* workspace,
+                               void* out, int64_t rows, int64_t tokens, int64_t k, int64_t dim, int dtype,
+                               void* stream);
+
 #ifdef __cplusplus
 }
 #endif
