@@ -271,3 +271,199 @@ def test_sizes_beyond_the_kernels_limits_are_refused_before_any_launch(cuda_buil
         cuda_build.sparse_mla_decode(q, kv, table, lens, idx, 0.1, 64, 0)
     with pytest.raises(KernelError, match="EINVAL"):
         cuda_build.sparse_mla_decode(q[..., :64], kv[..., :64], table, lens, idx, float("inf"), 64, 0)
+
+
+# -- the kernels themselves, run on the CPU simulator --------------------------------------------
+# tests/emulators/cuda_sim builds the same sources with g++ on a thread-per-GPU-thread runtime
+# (real barriers, shared memory and atomics), so the kernel code below runs for real, through
+# the same launchers and C ABI the MUSA and DCU builds use. It checks the kernels' logic, not
+# their speed, and nothing about mcc or hipcc.
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory) -> GpuKernelLibrary:
+    from emulators import cuda_sim
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no host C++ compiler for the kernel simulator")
+    path = cuda_sim.build(gpu.HERE, tmp_path_factory.mktemp("cuda_sim"))
+    library = GpuKernelLibrary(path, label="simulated kernel", target="sim", hint="")
+    assert library.missing() is None, library.missing()
+    return library
+
+
+def test_the_simulator_rewrites_launches_and_dynamic_shared_memory():
+    from emulators.cuda_sim import simify
+    source = ("extern __shared__ float shared[];\n"
+              "k<A, B><<<grid, kThreads, bytes, s>>>(static_cast<const T*>(q), n);\n")
+    assert simify(source) == ("float* shared = glm5_hal_sim::dynamic_shared<float>();\n"
+                              "glm5_hal_sim::launch(grid, kThreads, bytes, s, [&] { k<A, B>(static_cast<const T*>(q), n); });\n")
+
+
+def topk_sets_equal_or_tied(got, want, logits):
+    """Same positions per row, except that entries tied at the k-th value may differ."""
+    got, want, logits = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1]), logits.reshape(
+        -1, logits.shape[-1])
+    for g_row, w_row, scores in zip(got, want, logits):
+        assert (g_row >= 0).sum() == (w_row >= 0).sum() and bool((g_row[(g_row >= 0).sum():] == -1).all())
+        g_set = {int(v) for v in g_row if v >= 0}
+        w_set = {int(v) for v in w_row if v >= 0}
+        assert len(g_set) == int((g_row >= 0).sum())
+        if g_set != w_set:
+            kth = min(float(scores[v]) for v in w_set)
+            assert all(float(scores[v]) == kth for v in g_set ^ w_set), (g_set ^ w_set)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_simulated_sparse_mla_decode_matches_the_reference(simulated, dtype):
+    g = seeded(20)
+    batch, queries, heads, dqk, d_v, block_size = 2, 2, 3, 80, 48, 8
+    q = torch.randn(batch, queries, heads, dqk, generator=g).to(dtype)
+    cache = torch.randn(6, block_size, dqk, generator=g).to(dtype)
+    table = torch.tensor([[5, 2, 0], [1, -1, -1]], dtype=torch.int32)
+    lens = torch.tensor([21, 0], dtype=torch.int32)
+    indices = torch.randint(-3, 30, (batch, queries, 150), generator=g, dtype=torch.int32)  # two chunks of 128
+    indices[0, 1, :10] = 4  # duplicates count per occurrence
+    out, lse = simulated.sparse_mla_decode(q, cache, table, lens, indices, 0.125, d_v, 0)
+    ref_out, ref_lse = hal.reference.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.125, d_v)
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(out, ref_out, rtol=tol, atol=1e-4)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    assert bool((lse[1] == float("-inf")).all()) and bool((out[1] == 0).all())
+
+
+@pytest.mark.slow
+def test_simulated_sparse_mla_decode_rescales_when_a_later_chunk_holds_the_maximum(simulated):
+    """300 distinct keys in three chunks of 128: the running max moves between chunks."""
+    g = seeded(26)
+    q, cache = torch.randn(1, 3, 4, 32, generator=g), torch.randn(20, 16, 32, generator=g) * 3
+    table, lens = torch.randperm(20, generator=g).to(torch.int32).view(1, 20), torch.tensor([300], dtype=torch.int32)
+    indices = torch.stack([torch.randperm(300, generator=g) for _ in range(3)]).to(torch.int32).view(1, 3, 300)
+    out, lse = simulated.sparse_mla_decode(q, cache, table, lens, indices, 0.5, 32, 0)
+    ref_out, ref_lse = hal.reference.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.5, 32)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_simulated_indexer_topk_selects_the_reference_set(simulated):
+    g = seeded(21)
+    tokens, heads, dim, keys = 6, 3, 16, 700
+    q, k, w = torch.randn(tokens, heads, dim, generator=g), torch.randn(keys, dim, generator=g), torch.rand(
+        tokens, heads, generator=g)
+    starts = torch.tensor([0, 0, 10, 300, 5, 0], dtype=torch.int32)
+    ends = torch.tensor([700, 3, 10, 700, 650, 1], dtype=torch.int32)
+    for topk in (1, 40):
+        got = simulated.indexer_topk(q, k, None, w, starts, ends, topk, 0)
+        want = hal.reference.indexer_topk(q, k, w, starts, ends, topk)
+        topk_sets_equal_or_tied(got, want, hal.reference.indexer_logits(q, k, w, starts, ends))
+
+
+@pytest.mark.slow
+def test_simulated_indexer_topk_handles_ties_and_fp8_keys(simulated):
+    g = seeded(22)
+    q, w = torch.randn(2, 2, 16, generator=g), torch.rand(2, 2, generator=g)
+    k8 = torch.ones(300, 16).to(torch.float8_e4m3fn)  # every key ties
+    scale = torch.ones(300)
+    starts, ends = torch.tensor([0, 7], dtype=torch.int32), torch.tensor([300, 290], dtype=torch.int32)
+    got = simulated.indexer_topk(q, k8, scale, w, starts, ends, 17, 0)
+    for row, start, end in zip(got, starts.tolist(), ends.tolist()):
+        assert len(set(row.tolist())) == 17 and all(start <= v < end for v in row.tolist())
+    k8 = torch.randn(300, 16, generator=g).to(torch.float8_e4m3fn)
+    scale = torch.rand(300, generator=g) + 0.5
+    got = simulated.indexer_topk(q, k8, scale, w, starts, ends, 17, 0)
+    want = hal.reference.indexer_topk(q, (k8, scale), w, starts, ends, 17)
+    topk_sets_equal_or_tied(got, want, hal.reference.indexer_logits(q, (k8, scale), w, starts, ends))
+
+
+@pytest.mark.slow
+def test_simulated_indexer_topk_paged_matches_the_reference(simulated):
+    g = seeded(23)
+    batch, queries, heads, dim, block_size = 3, 2, 2, 16, 16
+    q, cache = torch.randn(batch, queries, heads, dim, generator=g), torch.randn(12, block_size, dim, generator=g)
+    w = torch.rand(batch, queries, heads, generator=g)
+    table = torch.tensor([[11, 3, 0, 7, 2, 9, 1, 5], [4, -1, -1, -1, -1, -1, -1, -1],
+                          [6, 8, -1, -1, -1, -1, -1, -1]], dtype=torch.int32)
+    lens = torch.tensor([120, 1, 17], dtype=torch.int32)
+    got = simulated.indexer_topk_paged(q, cache, None, w, table, lens, 10, 0)
+    want = hal.reference.indexer_topk_paged(q, cache, w, table, lens, 10)
+    keys = [torch.stack([cache[int(table[b, p // block_size]), p % block_size] for p in range(int(lens[b]))])
+            for b in range(batch)]
+    for b in range(batch):
+        ends = (lens[b] - queries + 1 + torch.arange(queries)).clamp(min=0).to(torch.int32)
+        logits = hal.reference.indexer_logits(q[b], keys[b], w[b], torch.zeros(queries, dtype=torch.int32), ends)
+        topk_sets_equal_or_tied(got[b], want[b], logits)
+
+
+@pytest.mark.slow
+def test_simulated_small_kernels_match_the_reference(simulated):
+    g = seeded(24)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn(4, 3, 18, generator=g).to(dtype)
+        torch.testing.assert_close(simulated.silu_and_mul(x, 0), hal.reference.silu_and_mul(x), rtol=1e-2, atol=1e-5)
+    for slot_dtype, cache_dtype in ((torch.int32, torch.bfloat16), (torch.int64, torch.float8_e4m3fn)):
+        cache = torch.randn(3, 4, 8, generator=g).to(cache_dtype)
+        values = torch.randn(5, 8, generator=g).to(cache_dtype)
+        slots = torch.tensor([11, -1, 0, 5, -1], dtype=slot_dtype)
+        want = cache.clone()
+        hal.reference.kv_cache_write(want, values, slots)
+        simulated.kv_cache_write(cache, values, slots, 0)
+        assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
+    x, ids = torch.randn(9, 24, generator=g).to(torch.bfloat16), torch.randint(-1, 6, (9, 4), generator=g,
+                                                                                  dtype=torch.int32)
+    ids[3] = 2  # one expert chosen twice by a token
+    got, want = simulated.moe_permute(x, ids, 5, 0), hal.reference.moe_permute(x, ids, 5)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    weights = torch.rand(9, 4, generator=g)
+    src = torch.cat((want[2], want[2][:3]))  # repeated rows add
+    y = torch.randn(src.shape[0], 24, generator=g).to(torch.bfloat16)
+    torch.testing.assert_close(simulated.moe_unpermute(y, src, weights, 0), hal.reference.moe_unpermute(y, src, weights),
+                               rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor", ["musa", "dcu"])
+def test_backend_adapters_on_the_simulated_kernels_match_the_reference(simulated, vendor, hal_state, monkeypatch):
+    """The kernel-backed ops of an emulated backend, end to end: dispatch, adapter, launcher,
+    C ABI, kernel."""
+    import types
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    if vendor == "musa":
+        from glm5_hal.backends.musa import MusaBackend
+        from emulators.musa import MusaEmulator
+        backend = MusaBackend(runtime=MusaEmulator("S4000"), name="gpu_sim", device_type="cpu", priority=1000)
+    else:
+        from glm5_hal.backends.dcu import DcuBackend
+        from emulators.dcu import DcuEmulator
+        backend = DcuBackend(runtime=DcuEmulator("K100_AI", lightop=False), name="gpu_sim", device_type="cpu",
+                             priority=1000)
+    backend.kernels = simulated
+    plugin = types.ModuleType("gpu_sim_plugin")
+    plugin.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
+    hal_state(plugin, "gpu_sim")
+    g = seeded(25)
+    q, kv = torch.randn(3, 2, 72, generator=g), torch.randn(20, 72, generator=g)
+    indices = torch.randint(-1, 24, (3, 9), generator=g, dtype=torch.int32)
+    cache, table, lens = torch.randn(4, 8, 72, generator=g), torch.tensor([[3, 0], [1, 2]], dtype=torch.int32), \
+        torch.tensor([13, 9], dtype=torch.int32)
+    x = torch.randn(5, 12, generator=g)
+    ids = torch.randint(0, 4, (5, 2), generator=g, dtype=torch.int32)
+    calls = {
+        "sparse_mla_attention": (q, kv, indices, 0.2, 64),
+        "sparse_mla_decode_paged": (q.view(1, 3, 2, 72).expand(2, 3, 2, 72).contiguous(), cache, table, lens,
+                                    indices.view(1, 3, 9).expand(2, 3, 9).contiguous(), 0.2, 64),
+        "indexer_topk": (q, kv, torch.rand(3, 2, generator=g), torch.tensor([0, 2, 5], dtype=torch.int32),
+                         torch.tensor([20, 3, 20], dtype=torch.int32), 4),
+        "silu_and_mul": (x,),
+        "moe_permute": (x, ids, 4),
+    }
+    for op, args in calls.items():
+        assert hal.explain(op, *args).chosen == f"gpu_sim.{op}", (op, hal.explain(op, *args))
+        got, want = getattr(hal.ops, op)(*args), getattr(hal.reference, op)(*args)
+        if op == "indexer_topk":
+            topk_sets_equal_or_tied(got, want, hal.reference.indexer_logits(*args[:5]))
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    written, expected = torch.zeros(4, 8, 72), torch.zeros(4, 8, 72)
+    slots = torch.tensor([30, -1, 2], dtype=torch.int64)
+    hal.ops.kv_cache_write(written, kv[:3], slots)
+    hal.reference.kv_cache_write(expected, kv[:3], slots)
+    assert torch.equal(written, expected)

@@ -2,6 +2,8 @@
 // warp / wavefront width (32 on NVIDIA, 64 on DCU, MUSA's own), unlike shuffle intrinsics.
 #pragma once
 
+#include "gpu_runtime.h"
+
 namespace glm5_hal_gpu {
 
 // kThreads (a power of two) threads each contribute `value`; every thread gets the result.

@@ -12,7 +12,9 @@
 // hipify would rewrite in these files:
 //   GLM5_HAL_GPU_MUSA -> backends/musa/csrc/glm5_hal_musa_runtime.h (mcc)
 //   GLM5_HAL_GPU_HIP  -> backends/dcu/csrc/glm5_hal_hip_runtime.h   (hipcc)
-//   neither           -> <cuda_runtime.h>                           (nvcc)
+//   GLM5_HAL_GPU_SIM  -> tests/emulators/cuda_sim/glm5_hal_sim_runtime.h: a CPU thread per
+//                        GPU thread, so tests run these kernels on the host (g++)
+//   none of these     -> <cuda_runtime.h>                           (nvcc)
 #pragma once
 
 #if defined(GLM5_HAL_GPU_MUSA)
@@ -21,6 +23,9 @@
 #elif defined(GLM5_HAL_GPU_HIP)
 #include "glm5_hal_hip_runtime.h"
 #define GLM5_HAL_GPU_TARGET "hip"
+#elif defined(GLM5_HAL_GPU_SIM)
+#include "glm5_hal_sim_runtime.h"
+#define GLM5_HAL_GPU_TARGET "sim"
 #else
 #include <cuda_runtime.h>
 #define GLM5_HAL_GPU_TARGET "cuda"
