@@ -552,7 +552,7 @@ def test_cli_exit_codes_and_reports(tmp_path, wrong_site, hal_state):
     assert want == {"pass": 14, "fail": 10, "error": 12, "fallback": 3, "skip": 1}
     out = tmp_path / "reports"
     proc = conformance_cli("conformance", "--backend", "wrongvendor", "--backend", "offvendor",
-                           "--backend", "cpu", "--preset", "tiny", "--json", str(out / "c.json"),
+                           "--backend", "cpu", "--op", "rms_norm", "--preset", "tiny", "--json", str(out / "c.json"),
                            "--junit", str(out / "c.xml"), "--markdown", str(out / "c.md"), path=[wrong_site])
     assert proc.returncode == 1, proc.stderr
     data = json.loads((out / "c.json").read_text())
@@ -569,7 +569,7 @@ def test_cli_exit_codes_and_reports(tmp_path, wrong_site, hal_state):
 
 @pytest.mark.slow
 def test_cli_passes_in_parallel_and_refuses_unknown_names(tmp_path):
-    ok = conformance_cli("conformance", "--backend", "cpu", "--preset", "tiny", "-n", "2")
+    ok = conformance_cli("conformance", "--backend", "cpu", "--op", "rms_norm", "--preset", "tiny", "-n", "2")
     assert ok.returncode == 0, ok.stderr
     assert "total: 39 pass" in ok.stdout and not list(tmp_path.glob("*.json"))
     for bad in (["--backend", "nosuch"], ["--op", "nosuch"]):
@@ -591,7 +591,7 @@ def pytest_run(*args, path=(), cwd):
 def test_pytest_pyargs_entry_maps_statuses(tmp_path, wrong_site, hal_state):
     want = expected_counts(hal_state)
     proc = pytest_run("--pyargs", "glm5_hal.conformance", "--glm5-backend", "wrongvendor",
-                      "--glm5-backend", "offvendor", "--glm5-preset", "tiny", "-n", "2", "-rfs",
+                      "--glm5-backend", "offvendor", "--glm5-op", "rms_norm", "--glm5-preset", "tiny", "-n", "2", "-rfs",
                       path=[wrong_site], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
@@ -602,15 +602,15 @@ def test_pytest_pyargs_entry_maps_statuses(tmp_path, wrong_site, hal_state):
     assert "RuntimeError: kernel launch failed" in proc.stdout and "margin" in proc.stdout
     assert "suite.py::rms_norm/tiny/rows3_dim17/float16[wrongvendor]" in proc.stdout
 
-    ok = pytest_run("--pyargs", "glm5_hal.conformance", "--glm5-backend", "cpu", "--glm5-preset", "glm5",
-                    "-n", "2", "-q", cwd=tmp_path)
+    ok = pytest_run("--pyargs", "glm5_hal.conformance", "--glm5-backend", "cpu", "--glm5-op", "rms_norm",
+                    "--glm5-preset", "glm5", "-n", "2", "-q", cwd=tmp_path)
     assert ok.returncode == 0 and "12 passed" in ok.stdout, ok.stdout[-3000:]
 
 
 @pytest.mark.slow
 def test_suite_is_collected_only_when_named(tmp_path):
     named = pytest_run("--collect-only", "-q", "core/glm5_hal/conformance", "--glm5-backend", "cpu",
-                       "--glm5-preset", "glm5", cwd=REPO)
+                       "--glm5-op", "rms_norm", "--glm5-preset", "glm5", cwd=REPO)
     assert "12 tests collected" in named.stdout, named.stdout[-2000:]
     whole = pytest_run("--collect-only", "-q", "core", cwd=REPO)
     assert "suite.py" not in whole.stdout and whole.returncode == 5, whole.stdout[-2000:]
