@@ -8,7 +8,9 @@ no GPU here, and neither mcc (MUSA) nor hipcc (DCU). What is checked:
   torch's on every 16-bit and 8-bit pattern and on rounding ties (slow);
 * the nvcc-built library loads, and every launcher's arguments pass the kernels' host-side
   size checks (the launch itself then fails for want of a device -- or, on a machine with a
-  CUDA GPU, runs and is compared with the reference).
+  CUDA GPU, runs and is compared with the reference);
+* the kernels themselves run on a CPU simulator (tests/emulators/cuda_sim) and match the
+  reference, alone, behind the musa and dcu adapters, and over the conformance suite's cases.
 """
 from __future__ import annotations
 
@@ -467,3 +469,34 @@ def test_backend_adapters_on_the_simulated_kernels_match_the_reference(simulated
     hal.ops.kv_cache_write(written, kv[:3], slots)
     hal.reference.kv_cache_write(expected, kv[:3], slots)
     assert torch.equal(written, expected)
+
+
+KERNEL_BACKED_OPS = ("sparse_mla_attention", "sparse_mla_decode_paged", "indexer_topk", "indexer_topk_paged",
+                     "silu_and_mul", "kv_cache_write", "moe_permute", "moe_unpermute")
+
+
+def _ops_with_cases(ops):
+    from glm5_hal.conformance import cases
+    return [op for op in ops if op in cases.ops_with_cases()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", _ops_with_cases(KERNEL_BACKED_OPS))
+def test_conformance_tiny_preset_on_the_simulated_kernels(simulated, op, hal_state, monkeypatch):
+    """The conformance suite's cases for an op the musa backend serves with its own kernels,
+    run through the emulated backend on the simulated kernel library: every case passes
+    through the backend's own implementation (or is an input the op must refuse)."""
+    import types
+    from glm5_hal.backends.musa import MusaBackend
+    from glm5_hal.conformance import plan, run_all
+    from emulators.musa import MusaEmulator
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    backend = MusaBackend(runtime=MusaEmulator("S4000"), name="gpu_sim", device_type="cpu", priority=1000)
+    backend.kernels = simulated
+    plugin = types.ModuleType("gpu_sim_plugin")
+    plugin.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
+    hal_state(plugin, "gpu_sim")
+    records = run_all(plan(["gpu_sim"], [op], ["tiny"]))
+    assert records
+    assert not [(r.case, r.status, r.reason) for r in records if r.status != "pass"]
+    assert any(r.impl == f"gpu_sim.{op}" for r in records)

@@ -2,7 +2,7 @@
 // (backends/_cuda_dialect/src) use, so tests run the very kernel code on the host.
 //
 // Execution model: blocks run one after another; within a block every GPU thread is an OS
-// thread, __syncthreads is a barrier over them, __shared__ variables are function statics
+// thread (the same threads serve every block of a launch), __syncthreads is a barrier over them, __shared__ variables are function statics
 // (one copy, shared by the block's threads; blocks never overlap), dynamic shared memory is
 // one buffer per launch. Atomics are real atomics. A kernel that lets some threads of a block
 // skip a barrier the others wait at deadlocks here -- as it would hang (or worse) on a GPU.
@@ -50,31 +50,37 @@ T* dynamic_shared() {
   return reinterpret_cast<T*>(dynamic_shared_memory.data());
 }
 
-// Runs `body` (the kernel call) for every thread of every block of the grid.
+// Runs `body` (the kernel call) for every thread of every block of the grid. One OS thread
+// per GPU thread of a block, reused for the blocks in turn; a second barrier ends each block,
+// so a thread that returned early waits there and never stands in for a __syncthreads.
 template <class Body>
 void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t, Body&& body) {
   grid_dim = grid;
   block_dim = block;
   dynamic_shared_memory.assign(shared_bytes + 64, 0xCD);  // garbage, as on a GPU
   const unsigned threads = block.x * block.y * block.z;
-  for (unsigned bz = 0; bz < grid.z; ++bz) {
-    for (unsigned by = 0; by < grid.y; ++by) {
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        pthread_barrier_init(&block_barrier, nullptr, threads);
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            thread_index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+  pthread_barrier_t block_end;
+  pthread_barrier_init(&block_barrier, nullptr, threads);
+  pthread_barrier_init(&block_end, nullptr, threads);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      thread_index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+      for (unsigned bz = 0; bz < grid.z; ++bz) {
+        for (unsigned by = 0; by < grid.y; ++by) {
+          for (unsigned bx = 0; bx < grid.x; ++bx) {
             block_index = dim3(bx, by, bz);
             body();
-          });
+            pthread_barrier_wait(&block_end);
+          }
         }
-        for (std::thread& thread : pool) thread.join();
-        pthread_barrier_destroy(&block_barrier);
       }
-    }
+    });
   }
+  for (std::thread& thread : pool) thread.join();
+  pthread_barrier_destroy(&block_end);
+  pthread_barrier_destroy(&block_barrier);
 }
 
 }  // namespace glm5_hal_sim
