@@ -21,7 +21,7 @@ _EXPORTS = {
     "PRESETS": "case", "randn": "case", "uniform": "case",
     "Close": "compare", "Exact": "compare", "TopKSet": "compare", "Verdict": "compare",
     "Tolerance": "tolerance", "tolerance": "tolerance",
-    "Fp8Dequant": "transforms", "Int4Dequant": "transforms",
+    "Fp8Dequant": "transforms", "Int4Dequant": "transforms", "Fp8Codes": "transforms",
     "generator": "cases",
     "Record": "record", "STATUSES": "record",
     "Item": "suite", "plan": "suite",

@@ -60,15 +60,23 @@ class Close:
         against, for an output that depends on a choice the contract leaves to the backend:
         moe_route's weights are those of the ids the backend chose (within-tau swaps are
         legal), recomputed from the reference inputs. Shape and dtype rules are unchanged.
+    slack: `slack(*reference_args) -> tensor` (broadcast to the output) added to each
+        element's bound: error the contract's arithmetic permits that scales with an input
+        rather than with the result (rope's float32 angle grows with the position), where a
+        uniform widening would loosen every element. Needs `why`, like a widening.
     """
     widen: float = 1.0
     why: str = ""
     dtype: torch.dtype | None = None
     transform: Transform | None = None
     expect: Callable[[Context], torch.Tensor] | None = None
+    slack: Callable[..., torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         check_widening(self.widen, self.why)
+        if self.slack is not None and (not self.why.strip() or "\n" in self.why.strip()):
+            raise ValueError(f"a per-element slack needs a one-line justification (why=...), "
+                             f"got {self.why!r}")
 
     def judge(self, got: torch.Tensor, want: torch.Tensor, expected: torch.dtype,
               ctx: Context) -> Verdict:
@@ -91,7 +99,14 @@ class Close:
         else:
             g, w, unit = got.to(torch.float64), want.to(torch.float64), None
             tol = tolerance(expected, self.widen, self.why)
-        return close(g, w, tol, unit)
+        extra = None
+        if self.slack is not None:
+            try:
+                extra = self.slack(*ctx.reference_args).to("cpu", torch.float64).broadcast_to(w.shape)
+            except (ValueError, RuntimeError, IndexError) as exc:
+                return Verdict(False, f"cannot compute the slack ({self.why}): {exc} "
+                                      "(case definition error)")
+        return close(g, w, tol, unit, extra, self.why.strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,9 +161,12 @@ Rule = Close | Exact | TopKSet
 
 # -- the rules' arithmetic ---------------------------------------------------------------
 def close(got: torch.Tensor, want: torch.Tensor, tol: Tolerance,
-          unit: torch.Tensor | None = None) -> Verdict:
-    """Elementwise bound on float64 tensors of one shape; non-finite values must match."""
-    verdict = Verdict(True, atol=tol.atol, rtol=tol.rtol, tolerance=tol.describe(),
+          unit: torch.Tensor | None = None, slack: torch.Tensor | None = None,
+          slack_why: str = "") -> Verdict:
+    """Elementwise bound on float64 tensors of one shape; non-finite values must match.
+    `slack` (float64, the output's shape) is added to each element's bound."""
+    described = tol.describe() + (f" + per-element slack ({slack_why})" if slack is not None else "")
+    verdict = Verdict(True, atol=tol.atol, rtol=tol.rtol, tolerance=described,
                       max_abs=0.0, max_rel=0.0, margin=0.0)
     if got.numel() == 0:
         return verdict
@@ -157,6 +175,8 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: Tolerance,
     special_bad = ~finite & ~same_special
     err = torch.where(finite, (got - want).abs(), torch.zeros_like(got))
     bound = tol.bound(want.abs(), unit)
+    if slack is not None:
+        bound = bound + slack
     ratio = torch.where(finite, err / bound, torch.zeros_like(got))
     rel = torch.where(finite & (want != 0), err / want.abs(), torch.zeros_like(got))
     verdict.max_abs, verdict.max_rel = err.max().item(), rel.max().item()
@@ -175,7 +195,7 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: Tolerance,
         w = verdict.worst
         verdict.ok = False
         verdict.message = (f"{outside} of {got.numel()} elements outside |out - ref| <= atol + "
-                           f"rtol*|ref| ({tol.describe()}); worst at {w['index']}: out={w['out']}, "
+                           f"rtol*|ref| ({described}); worst at {w['index']}: out={w['out']}, "
                            f"ref={w['ref']}, |err|={w['abs_err']:.3g} > bound {w['bound']:.3g} "
                            f"(margin {verdict.margin:.3g})")
     return verdict

@@ -2,7 +2,7 @@
 registered through the same entry-point group as any third-party plugin."""
 from __future__ import annotations
 
-from ..backend import ANY_DEVICE, Availability, Backend
+from ..backend import ANY_DEVICE, Availability, Backend, Capabilities
 from ..plugins import REFERENCE, hookimpl
 
 
@@ -20,6 +20,13 @@ class ReferenceBackend(Backend):
 
     def probe(self) -> Availability:
         return Availability(True, "plain torch, any device")
+
+    def capabilities(self) -> Capabilities:
+        # FP8 as a storage dtype (KV caches): plain torch copies and converts it on any device.
+        # Dispatch never checks the reference's capabilities; the conformance runner does.
+        import torch
+        return Capabilities(dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16,
+                                              torch.float8_e4m3fn}))
 
     def versions(self) -> dict[str, str]:
         import torch

@@ -25,7 +25,8 @@ def indexer_k_cache_write(k: torch.Tensor, k_cache: torch.Tensor, k_scale: torch
     q, scale = fp8_block_quant(k[written], block=k.shape[-1], scale_fmt=scale_fmt)
     # index_put_ rather than index_copy_: the latter has no float8 kernel on the CPU.
     k_cache.view(-1, k_cache.shape[-1]).index_put_((slots,), q)
-    k_scale.view(-1).index_put_((slots,), scale.squeeze(-1))
+    # to k_scale's dtype: the conformance reference runs with every float tensor upcast to float64
+    k_scale.view(-1).index_put_((slots,), scale.squeeze(-1).to(k_scale.dtype))
 
 
 def kv_cache_gather(cache: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor
