@@ -693,7 +693,9 @@ def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, chip):
     ops = [op for op in sorted(backend.impls) if op in cases.ops_with_cases()]
     assert "rms_norm" in ops
     records = run_all(plan([EMU], ops, ["tiny"]))
-    broken = [(r.case, r.status, r.reason) for r in records if r.status not in ("pass", "fallback")]
+    # skip: a dtype the chip lacks (FP8 KV caches on 910B), by its capabilities
+    broken = [(r.case, r.status, r.reason) for r in records if r.status not in ("pass", "fallback")
+              and not (r.status == "skip" and "does not support float8_e4m3fn" in r.reason)]
     assert not broken
     declined_by_supports = [r for r in records if r.status == "fallback" and "supports() raised" in r.reason]
     assert not declined_by_supports

@@ -19,6 +19,7 @@ import torch
 
 from ..backend import ANY_DEVICE
 from ..errors import HalError, InvalidInputError
+from ..registry import _static_rejection
 from .case import ERROR as EXPECT_ERROR, RESULT, RESULT_OR_ERROR, Case, View, dtype_name
 from .compare import UPCAST_DTYPES, Context, Verdict, exact
 from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, Record
@@ -61,6 +62,13 @@ def run_case(backend: str, case: Case, ref: str = "cpu") -> Record:
             record.status = SKIP
             record.reason = (f"device {caps.device_name or b.device_type} does not support "
                              f"{dtype_name(case.dtype)}")
+            return record
+        # The decision's static part, as dispatch words it. Expected-error cases are rejected
+        # by the op's checks before any backend runs; without this, a backend lacking the op
+        # would collect passes for them.
+        declined = _static_rejection(b, case.op, b.device_type, case.dtype)
+        if declined is not None:
+            record.status, record.reason = FALLBACK, declined
             return record
         device = _device(b.device_type)
         record.device = _device_label(device)

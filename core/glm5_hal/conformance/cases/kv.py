@@ -169,6 +169,8 @@ def indexer_k_cache_write_cases(preset: str):
                 yield case("nb3_bs1_d1", dtype, fmt, 3, 1, 1, 2, note="a row of one: always +-448")
                 yield case("nb5_bs3_d17", dtype, fmt, 5, 3, 17, 7)
                 yield case("nb4_bs17_d129", dtype, fmt, 4, 17, 129, 17)
+                yield case("nb3_bs16_d128", dtype, fmt, 3, 16, 128, 5,
+                           note="the indexer's real key width at a vendor block size")
                 yield case("padding_slots", dtype, fmt, 4, 3, 17, 6, padding=(0, 2, 5))
                 yield case("int64_slots", dtype, fmt, 3, 5, 16, 4, slot_dtype=torch.int64)
                 yield case("every_slot", dtype, fmt, 2, 3, 16, 6, slots="every_slot")
