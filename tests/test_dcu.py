@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import glm5_hal as hal
-from glm5_hal.backends.dcu import DcuBackend, arch
+from glm5_hal.backends.dcu import DcuBackend
 from glm5_hal.backends.dcu import ops as dcu_ops
 from glm5_hal.backends.dcu.runtime import DcuRuntime, load_lightop
 from emulators.dcu import GARBAGE, DcuEmulator

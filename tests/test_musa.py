@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import glm5_hal as hal
-from glm5_hal.backends.musa import MusaBackend, arch
+from glm5_hal.backends.musa import MusaBackend
 from emulators.musa import FlashMlaEmulator, MusaEmulator
 
 from conftest import seeded
