@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 from torch import Tensor
+
+from glm5_hal.kernel_library import KernelError, KernelLibrary, library_path  # noqa: F401 (re-exported)
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "include" / "glm5_hal_gpu.h"
@@ -55,21 +57,6 @@ SIGNATURES: dict[str, tuple[object, list]] = {
 }
 
 
-class KernelError(RuntimeError):
-    """A kernel entry point refused its arguments or its launch failed."""
-
-
-def library_path(package_paths: Iterable[str], name: str) -> Path:
-    """Where CMake installed `name` for a package: the first of the package's folders that
-    holds it (an editable install's package spans the build's install folder and the
-    source folder), else the first folder (for the "not built" reason)."""
-    folders = [Path(p) for p in package_paths]
-    for folder in folders:
-        if (folder / name).exists():
-            return folder / name
-    return folders[0] / name
-
-
 def cuda_library() -> Path:
     """The nvcc build of the kernels (GLM5_HAL_WITH_CUDA_KERNELS)."""
     return library_path(__path__, CUDA_LIBRARY_NAME)
@@ -83,55 +70,25 @@ def _i32(t: Tensor) -> Tensor:
     return t.to(torch.int32).contiguous()
 
 
-class GpuKernelLibrary:
+class GpuKernelLibrary(KernelLibrary):
     """The kernels of one toolchain's build. `label` names them in reasons ("MUSA kernel"),
     `target` is what the library must report (glm5_hal_gpu_target), `hint` says how to build."""
+    signatures = SIGNATURES
 
     def __init__(self, path: Path, *, label: str, target: str, hint: str) -> None:
-        self.path = Path(path)
-        self.label = label
+        super().__init__(path, label=label, hint=hint)
         self.target = target
-        self.hint = hint
-        self._lib: ctypes.CDLL | None = None
-        self._error: str | None = None
 
-    # -- loading ---------------------------------------------------------------------------
-    def missing(self) -> str | None:
-        """None when the kernels can run, else why not (also the adapters' decline reason)."""
-        if self._lib is None and self._error is None:
-            self._error = self._load()
-        return self._error
-
-    def status(self) -> str:
-        reason = self.missing()
-        return f"built ({self.path.name})" if reason is None else reason
-
-    def _load(self) -> str | None:
-        if not self.path.exists():
-            return f"{self.label} not built ({self.path.name} not found in {self.path.parent}; {self.hint})"
-        try:
-            lib = ctypes.CDLL(str(self.path))
-        except OSError as exc:
-            return f"{self.label} library does not load: {exc}"
-        try:
-            for name, (restype, argtypes) in SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype, fn.argtypes = restype, argtypes
-        except AttributeError as exc:
-            return f"{self.label} library {self.path.name} lacks an entry point: {exc}"
+    def validate(self, lib) -> str | None:
         target = lib.glm5_hal_gpu_target().decode()
         version = lib.glm5_hal_gpu_abi_version()
         if target != self.target or version != ABI_VERSION:
             return (f"{self.label} library {self.path.name} was built for {target} (ABI {version}), "
                     f"expected {self.target} (ABI {ABI_VERSION}); rebuild glm5_hal")
-        self._lib = lib
         return None
 
     def _call(self, name: str, *args) -> None:
-        lib = self._lib
-        if lib is None:
-            raise KernelError(self.missing() or f"{self.label} library not loaded")
-        status = getattr(lib, name)(*args)
+        status = self.call(name, *args)
         if status == EINVAL:
             raise KernelError(f"{name}: arguments refused by the kernel's size checks (EINVAL)")
         if status != OK:
