@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 from glm5_hal import Availability, Capabilities, hookimpl
-from glm5_hal.vendor_backend import VendorBackend
+from glm5_hal.vendor_backend import VendorBackend, at_least, dotted
 from glm5_hal.vendors import cuda_flavor
 
 from . import arch, kernels, ops
@@ -81,12 +81,12 @@ class DcuBackend(VendorBackend):
         if flavor != "dcu":
             return Availability(False, f"this is {_OTHER_STACKS.get(flavor, flavor)}, not a Hygon DCU")
         version = str(getattr(torch_module, "__version__", ""))
-        recent = arch.at_least(version, arch.MIN_TORCH)
+        recent = at_least(version, arch.MIN_TORCH)
         if recent is None:
             return Availability(False, f"the torch version could not be read ({version!r}); glm5_hal needs torch "
-                                       f">= {arch.dotted(arch.MIN_TORCH)}")
+                                       f">= {dotted(arch.MIN_TORCH)}")
         if not recent:
-            return Availability(False, f"torch {version} is too old: glm5_hal needs torch >= {arch.dotted(arch.MIN_TORCH)}")
+            return Availability(False, f"torch {version} is too old: glm5_hal needs torch >= {dotted(arch.MIN_TORCH)}")
         cuda = torch_module.cuda
         try:
             count = int(cuda.device_count()) if cuda.is_available() else 0

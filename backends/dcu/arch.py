@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import torch
+from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
 #: glm5_hal itself needs torch >= 2.6 (pyproject.toml); a DTK torch older than that is refused.
 MIN_TORCH = (2, 6)
@@ -64,29 +64,10 @@ def generation_of(gcn_arch_name: str) -> Generation | None:
 
 
 def device_dtypes(gen: Generation | None) -> frozenset:
-    dtypes = {torch.float32, torch.float16}
-    if gen is None or gen.bf16:
-        dtypes.add(torch.bfloat16)
-    if gen is not None and gen.fp8:
-        dtypes.add(torch.float8_e4m3fn)
-    return frozenset(dtypes)
+    # unknown generation: assume bf16 (it is the common case), no FP8
+    return shared_device_dtypes(bf16=gen is None or gen.bf16, fp8=gen is not None and gen.fp8)
 
 
-def leading_numbers(version: str) -> tuple[int, ...]:
-    numbers = []
-    for piece in re.split(r"[.+]", str(version).strip()):
-        if not piece.isdigit():
-            break
-        numbers.append(int(piece))
-    return tuple(numbers)
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
-    numbers = leading_numbers(version)
-    if len(numbers) < len(minimum):
-        return None
-    return numbers[: len(minimum)] >= minimum
 
-
-def dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))

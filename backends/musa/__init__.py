@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any
 
 from glm5_hal import Availability, Capabilities, hookimpl
-from glm5_hal.vendor_backend import VendorBackend, import_bridge
+from glm5_hal.vendor_backend import VendorBackend, at_least, dotted, import_bridge
 
 from . import arch, kernels, ops
 from .arch import Generation
@@ -61,8 +61,8 @@ class MusaBackend(VendorBackend):
 
     def probe_runtime(self, runtime: Any) -> Availability:
         version = str(getattr(runtime, "__version__", ""))
-        recent = arch.at_least(version, arch.MIN_TORCH_MUSA)
-        minimum = f"the adapters use the torch_musa {arch.dotted(arch.MIN_TORCH_MUSA)} API"
+        recent = at_least(version, arch.MIN_TORCH_MUSA)
+        minimum = f"the adapters use the torch_musa {dotted(arch.MIN_TORCH_MUSA)} API"
         if recent is None:
             return Availability(False, f"the torch_musa version could not be read ({version!r}); {minimum}")
         if not recent:

@@ -10,9 +10,8 @@ Every fact is one constant here, so a wrong one is one edit.
 from __future__ import annotations
 
 import dataclasses
-import re
 
-import torch
+from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
 #: torch_musa releases the adapters are written against. v2.7.0 is the first release line
 #: numbered after the upstream torch it extends (its README); F.rope, the fused
@@ -70,30 +69,9 @@ def supported_archs() -> str:
 
 
 def device_dtypes(gen: Generation) -> frozenset:
-    dtypes = {torch.float32, torch.float16}
-    if gen.bf16:
-        dtypes.add(torch.bfloat16)
-    if gen.fp8:
-        dtypes.add(torch.float8_e4m3fn)
-    return frozenset(dtypes)
+    return shared_device_dtypes(bf16=gen.bf16, fp8=gen.fp8)
 
 
-def leading_numbers(version: str) -> tuple[int, ...]:
-    """(2, 9, 1) for "2.9.1.post1+abc1234"."""
-    numbers = []
-    for piece in re.split(r"[.+]", str(version).strip()):
-        if not piece.isdigit():
-            break
-        numbers.append(int(piece))
-    return tuple(numbers)
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
-    numbers = leading_numbers(version)
-    if len(numbers) < len(minimum):
-        return None
-    return numbers[: len(minimum)] >= minimum
 
-
-def dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))
