@@ -632,7 +632,7 @@ def stub_library(tmp_path):
 def test_kernels_py_passes_pointers_sizes_and_the_queue(stub_library):
     from glm5_hal.backends.cambricon.kernels import KernelLibrary
     library = KernelLibrary(stub_library)
-    assert library.missing() is None and library.status() == f"built ({stub_library})"
+    assert library.missing() is None and library.status() == f"built ({stub_library.name})"
     q, cache = torch.zeros(2, 3, 4, 20, dtype=BF16), torch.zeros(7, 16, 20, dtype=BF16)
     table, lens = torch.zeros(2, 5, dtype=I32), torch.tensor([9, 2], dtype=I32)
     indices = torch.full((2, 3, 6), 4, dtype=I32)

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from glm5_hal import Availability, Capabilities, hookimpl
-from glm5_hal.vendor_backend import VendorBackend, describe_import_failure, import_bridge
+from glm5_hal.vendor_backend import VendorBackend, at_least, dotted, describe_import_failure, import_bridge
 from glm5_hal.vendors import Vendor, installed
 
 from . import chips, kernels, ops
@@ -54,9 +54,9 @@ class AscendBackend(VendorBackend):
 
     def probe_runtime(self, runtime: Any) -> Availability:
         version = str(getattr(runtime, "__version__", ""))
-        if not chips.at_least(version, chips.MIN_TORCH_NPU):
+        if not at_least(version, chips.MIN_TORCH_NPU):
             return Availability(False, f"torch_npu {version or '(no __version__)'} is too old: the adapters "
-                                       f"use the torch_npu {chips.dotted(chips.MIN_TORCH_NPU)} op schemas")
+                                       f"use the torch_npu {dotted(chips.MIN_TORCH_NPU)} op schemas")
         npu = getattr(runtime, "npu", None)
         try:
             count = int(npu.device_count()) if npu.is_available() else 0
@@ -69,8 +69,8 @@ class AscendBackend(VendorBackend):
             cann = str(npu.utils.get_cann_version(module="CANN"))
         except Exception as exc:
             return Availability(False, f"reading the CANN version failed: {type(exc).__name__}: {exc}")
-        cann_ok = chips.at_least(cann, chips.MIN_CANN)
-        minimum = f"the DSA kernels need CANN >= {chips.dotted(chips.MIN_CANN)}"
+        cann_ok = at_least(cann, chips.MIN_CANN)
+        minimum = f"the DSA kernels need CANN >= {dotted(chips.MIN_CANN)}"
         if cann_ok is None:
             return Availability(False, f"the CANN version could not be read ({cann!r}); {minimum}")
         if not cann_ok:

@@ -8,9 +8,8 @@ documentation's product lists, and the NEEDED entries of torch_npu's shared obje
 from __future__ import annotations
 
 import dataclasses
-import re
 
-import torch
+from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
 #: torch_npu releases whose op schemas the adapters are written against: 2.13.0 made
 #: npu_sparse_flash_attention's sparse_block_size keyword-only and made it return
@@ -61,29 +60,9 @@ def supported_socs() -> str:
 
 
 def device_dtypes(gen: Generation) -> frozenset:
-    dtypes = {torch.float32, torch.float16, torch.bfloat16}
-    if gen.fp8:
-        dtypes.add(torch.float8_e4m3fn)
-    return frozenset(dtypes)
+    return shared_device_dtypes(fp8=gen.fp8)
 
 
-def leading_numbers(version: str) -> tuple[int, ...]:
-    """(8, 3) for "8.3.RC1", (8, 5, 0) for "8.5.0.alpha003", (2, 13, 0) for "2.13.0+git..."."""
-    numbers = []
-    for piece in re.split(r"[.+]", version.strip()):
-        if not piece.isdigit():
-            break
-        numbers.append(int(piece))
-    return tuple(numbers)
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
-    """Whether `version` >= `minimum` on the first len(minimum) numbers; None if unparsable."""
-    numbers = leading_numbers(version)
-    if len(numbers) < len(minimum):
-        return None
-    return numbers[: len(minimum)] >= minimum
 
-
-def dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))

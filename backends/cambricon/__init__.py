@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from glm5_hal import Availability, Capabilities, hookimpl
-from glm5_hal.vendor_backend import VendorBackend, describe_import_failure, import_bridge
+from glm5_hal.vendor_backend import VendorBackend, at_least, dotted, describe_import_failure, import_bridge
 from glm5_hal.vendors import Vendor, installed
 
 from . import chips, kernels, ops
@@ -92,8 +92,8 @@ class CambriconBackend(VendorBackend):
 
     def probe_runtime(self, runtime: Any) -> Availability:
         tmo_version = str(getattr(runtime.tmo, "__version__", ""))
-        minimum = f"the adapters follow the torch_mlu_ops {chips.dotted(chips.MIN_TMO)} op semantics"
-        if not chips.at_least(tmo_version, chips.MIN_TMO):
+        minimum = f"the adapters follow the torch_mlu_ops {dotted(chips.MIN_TMO)} op semantics"
+        if not at_least(tmo_version, chips.MIN_TMO):
             return Availability(False, f"torch_mlu_ops {tmo_version or '(no __version__)'} is too old: {minimum}")
         mlu = runtime.mlu
         try:

@@ -11,9 +11,8 @@ dtype rules below key on the major itself, so a wrong guess only mislabels a gen
 from __future__ import annotations
 
 import dataclasses
-import re
 
-import torch
+from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
 #: torch_mlu_ops release whose docstrings the adapters follow (masked_indexer_select_paged_kv
 #: with is_score_float, moe_gen_idx/moe_expand_input/moe_combine_result with cusum ranges,
@@ -50,31 +49,9 @@ def generation_of(major: int) -> Generation | None:
 
 
 def device_dtypes(gen: Generation) -> frozenset:
-    dtypes = {torch.float32, torch.float16}
-    if gen.bf16:
-        dtypes.add(torch.bfloat16)
-    if gen.fp8:
-        dtypes.add(torch.float8_e4m3fn)
-    return frozenset(dtypes)
+    return shared_device_dtypes(bf16=gen.bf16, fp8=gen.fp8)
 
 
-def leading_numbers(version: str) -> tuple[int, ...]:
-    """(1, 12, 1) for "1.12.1+torch2.11.0"; () when the string does not start with a number."""
-    numbers = []
-    for piece in re.split(r"[.+]", version.strip()):
-        if not piece.isdigit():
-            break
-        numbers.append(int(piece))
-    return tuple(numbers)
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
-    """Whether `version` >= `minimum` on the first len(minimum) numbers; None if unparsable."""
-    numbers = leading_numbers(version)
-    if len(numbers) < len(minimum):
-        return None
-    return numbers[: len(minimum)] >= minimum
 
-
-def dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))

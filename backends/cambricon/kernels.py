@@ -10,9 +10,12 @@ and sizes (csrc/glm5_hal_cambricon.h is the contract).
 from __future__ import annotations
 
 import ctypes
+import sys
 from pathlib import Path
 
 import torch
+
+from glm5_hal.kernel_library import KernelLibrary as _KernelLibrary, library_path
 
 LIBRARY_NAME = "libglm5_hal_cambricon_kernels.so"
 #: dtype codes of csrc/glm5_hal_cambricon.h
@@ -21,38 +24,14 @@ DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 
 
-class KernelLibrary:
+class KernelLibrary(_KernelLibrary):
     """Lazily loaded BANG C kernels; `missing()` says why they cannot be used."""
+    signatures = {"glm5_hal_mlu_sparse_mla_decode_paged": (
+        ctypes.c_int, [_c_ptr] * 7 + [_c_i64] * 9 + [ctypes.c_float, ctypes.c_int, _c_ptr])}
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or Path(__file__).resolve().with_name(LIBRARY_NAME)
-        self._lib: ctypes.CDLL | None = None
-        self._error: str | None = None
-
-    def missing(self) -> str | None:
-        if self._lib is None and self._error is None:
-            self._load()
-        return self._error
-
-    def status(self) -> str:
-        reason = self.missing()
-        return f"built ({self.path})" if reason is None else reason
-
-    def _load(self) -> None:
-        if not self.path.exists():
-            self._error = (f"cambricon kernel not built ({LIBRARY_NAME} not found next to "
-                           "glm5_hal.backends.cambricon; rebuild glm5_hal with NEUWARE_HOME set "
-                           "and GLM5_HAL_WITH_CAMBRICON=ON)")
-            return
-        try:
-            lib = ctypes.CDLL(str(self.path))
-        except OSError as exc:
-            self._error = f"cambricon kernel library does not load: {exc}"
-            return
-        fn = lib.glm5_hal_mlu_sparse_mla_decode_paged
-        fn.restype = ctypes.c_int
-        fn.argtypes = [_c_ptr] * 7 + [_c_i64] * 9 + [ctypes.c_float, ctypes.c_int, _c_ptr]
-        self._lib = lib
+        super().__init__(path or library_path(sys.modules[__package__].__path__, LIBRARY_NAME),
+                         label="cambricon kernel", hint="rebuild glm5_hal with NEUWARE_HOME set and GLM5_HAL_WITH_CAMBRICON=ON")
 
     def sparse_mla_decode_paged(self, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                                 context_lens: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
@@ -60,11 +39,8 @@ class KernelLibrary:
         """Launches the kernel on `queue`. Every tensor is contiguous on the MLU: q
         [B, N, H, Dqk], kv_cache [num_blocks, block_size, Dqk], block_table int32 [B, max_blocks],
         context_lens int32 [B], indices int32 [B, N, topk], out [B, N, H, d_v], lse fp32 [B, N, H]."""
-        lib = self._lib
-        if lib is None:
-            raise RuntimeError(self.missing() or "cambricon kernel library not loaded")
         batch, queries, heads, dqk = q.shape
-        status = lib.glm5_hal_mlu_sparse_mla_decode_paged(
+        status = self.call("glm5_hal_mlu_sparse_mla_decode_paged",
             q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), context_lens.data_ptr(),
             indices.data_ptr(), out.data_ptr(), lse.data_ptr(),
             batch, queries, heads, dqk, out.shape[-1], indices.shape[-1],

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from glm5_hal import Availability, Capabilities, hookimpl
-from glm5_hal.vendor_backend import VendorBackend, import_bridge
+from glm5_hal.vendor_backend import VendorBackend, at_least, dotted, import_bridge
 from glm5_hal.vendors import cuda_flavor, installed
 
 from . import chips, kernels, ops
@@ -98,9 +98,9 @@ class KunlunBackend(VendorBackend):
 
     def probe_runtime(self, runtime: Any) -> Availability:
         version = str(getattr(runtime.torch, "__version__", ""))
-        if not chips.at_least(version, chips.MIN_TORCH):
+        if not at_least(version, chips.MIN_TORCH):
             return Availability(False, f"torch {version or '(no __version__)'} is too old: Kunlun's "
-                                       f"CUDA-compatible mode (xpytorch) is torch >= {chips.dotted(chips.MIN_TORCH)}")
+                                       f"CUDA-compatible mode (xpytorch) is torch >= {dotted(chips.MIN_TORCH)}")
         cuda = runtime.cuda
         try:
             count = int(cuda.device_count()) if cuda.is_available() else 0

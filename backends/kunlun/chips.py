@@ -9,7 +9,6 @@ SWISH_GLU activation of moe_fc. Every fact is one constant here, so a wrong one 
 """
 from __future__ import annotations
 
-import re
 
 import torch
 
@@ -34,25 +33,10 @@ HADAMARD_MAX_DIM = 32768
 DTYPES_KUNLUN3 = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
-def leading_numbers(version: str) -> tuple[int, ...]:
-    """(2, 5, 1) for "2.5.1+xpytorch"; () when the string does not start with a number."""
-    numbers = []
-    for piece in re.split(r"[.+]", version.strip()):
-        if not piece.isdigit():
-            break
-        numbers.append(int(piece))
-    return tuple(numbers)
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
-    numbers = leading_numbers(version)
-    if len(numbers) < len(minimum):
-        return None
-    return numbers[: len(minimum)] >= minimum
 
 
-def dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))
 
 
 def is_kunlun2(device_name: str) -> bool:

@@ -10,9 +10,12 @@ like the shared csrc/ kernels take pointers and sizes (csrc/glm5_hal_kunlun.h).
 from __future__ import annotations
 
 import ctypes
+import sys
 from pathlib import Path
 
 import torch
+
+from glm5_hal.kernel_library import KernelLibrary as _KernelLibrary, library_path
 
 LIBRARY_NAME = "libglm5_hal_kunlun_kernels.so"
 #: dtype codes of csrc/glm5_hal_kunlun.h
@@ -21,46 +24,17 @@ DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 
 
-class KernelLibrary:
+class KernelLibrary(_KernelLibrary):
     """Lazily loaded XPU kernels; `missing()` says why they cannot be used."""
+    signatures = {
+        "glm5_hal_xpu_sparse_mla_decode_paged": (
+            ctypes.c_int, [_c_ptr] * 7 + [_c_i64] * 9 + [ctypes.c_float, ctypes.c_int, _c_ptr]),
+        "glm5_hal_xpu_kv_cache_gather": (ctypes.c_int, [_c_ptr] * 5 + [_c_i64] * 5 + [_c_ptr]),
+    }
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or Path(__file__).resolve().with_name(LIBRARY_NAME)
-        self._lib: ctypes.CDLL | None = None
-        self._error: str | None = None
-
-    def missing(self) -> str | None:
-        if self._lib is None and self._error is None:
-            self._load()
-        return self._error
-
-    def status(self) -> str:
-        reason = self.missing()
-        return f"built ({self.path})" if reason is None else reason
-
-    def _load(self) -> None:
-        if not self.path.exists():
-            self._error = (f"kunlun kernel not built ({LIBRARY_NAME} not found next to "
-                           "glm5_hal.backends.kunlun; rebuild glm5_hal with XTDK_PATH set and "
-                           "GLM5_HAL_WITH_KUNLUN=ON)")
-            return
-        try:
-            lib = ctypes.CDLL(str(self.path))
-        except OSError as exc:
-            self._error = f"kunlun kernel library does not load: {exc}"
-            return
-        decode = lib.glm5_hal_xpu_sparse_mla_decode_paged
-        decode.restype = ctypes.c_int
-        decode.argtypes = [_c_ptr] * 7 + [_c_i64] * 9 + [ctypes.c_float, ctypes.c_int, _c_ptr]
-        gather = lib.glm5_hal_xpu_kv_cache_gather
-        gather.restype = ctypes.c_int
-        gather.argtypes = [_c_ptr] * 5 + [_c_i64] * 5 + [_c_ptr]
-        self._lib = lib
-
-    def _library(self) -> ctypes.CDLL:
-        if self._lib is None:
-            raise RuntimeError(self.missing() or "kunlun kernel library not loaded")
-        return self._lib
+        super().__init__(path or library_path(sys.modules[__package__].__path__, LIBRARY_NAME),
+                         label="kunlun kernel", hint="rebuild glm5_hal with XTDK_PATH set and GLM5_HAL_WITH_KUNLUN=ON")
 
     def sparse_mla_decode_paged(self, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                                 context_lens: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
@@ -69,7 +43,7 @@ class KernelLibrary:
         kv_cache [num_blocks, block_size, Dqk], block_table int32 [B, max_blocks], context_lens
         int32 [B], indices int32 [B, N, topk], out [B, N, H, d_v], lse fp32 [B, N, H]."""
         batch, queries, heads, dqk = q.shape
-        status = self._library().glm5_hal_xpu_sparse_mla_decode_paged(
+        status = self.call("glm5_hal_xpu_sparse_mla_decode_paged",
             q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), context_lens.data_ptr(),
             indices.data_ptr(), out.data_ptr(), lse.data_ptr(),
             batch, queries, heads, dqk, out.shape[-1], indices.shape[-1],
@@ -83,7 +57,7 @@ class KernelLibrary:
         """Copies sequence b's rows [0, context_lens[b]) to out[out_offsets[b] + p] (a byte copy
         of rows of cache.shape[2] elements: any element type). out_offsets is int64 [B]."""
         row_bytes = cache.shape[2] * cache.element_size()
-        status = self._library().glm5_hal_xpu_kv_cache_gather(
+        status = self.call("glm5_hal_xpu_kv_cache_gather",
             cache.data_ptr(), block_table.data_ptr(), context_lens.data_ptr(), out_offsets.data_ptr(),
             out.data_ptr(), block_table.shape[0], cache.shape[0], cache.shape[1], block_table.shape[1],
             row_bytes, stream)

@@ -93,3 +93,38 @@ def describe_import_failure(vendor: Vendor, exc: BaseException) -> str:
         return (f"runtime library missing: {lib.group(1)} ({vendor.bridge} is installed, but the "
                 f"vendor runtime is not on the library path; is the SDK installed and {roots} set?)")
     return f"importing {vendor.bridge} failed: {text}"
+
+
+# -- helpers the vendor backends share ----------------------------------------------------------
+def leading_numbers(version: object) -> tuple[int, ...]:
+    """(8, 3) for "8.3.RC1", (2, 13, 0) for "2.13.0+git...", (1, 12, 1) for "1.12.1+torch2.11";
+    () when the string does not start with a number."""
+    numbers = []
+    for piece in re.split(r"[.+]", str(version).strip()):
+        if not piece.isdigit():
+            break
+        numbers.append(int(piece))
+    return tuple(numbers)
+
+
+def at_least(version: object, minimum: tuple[int, ...]) -> bool | None:
+    """Whether `version` >= `minimum` on the first len(minimum) numbers; None if unparsable."""
+    numbers = leading_numbers(version)
+    if len(numbers) < len(minimum):
+        return None
+    return numbers[: len(minimum)] >= minimum
+
+
+def dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def device_dtypes(*, bf16: bool = True, fp8: bool = False) -> frozenset:
+    """The activation/storage dtypes of a device generation: float32 and float16 always."""
+    import torch
+    dtypes = {torch.float32, torch.float16}
+    if bf16:
+        dtypes.add(torch.bfloat16)
+    if fp8:
+        dtypes.add(torch.float8_e4m3fn)
+    return frozenset(dtypes)

@@ -1,0 +1,190 @@
+"""Adapters from glm5_hal ops to the CUDA-dialect kernels, shared by the backends that build
+them (musa: mcc, dcu: hipcc). A backend passes itself; it must have `kernels` (a
+GpuKernelLibrary) and `stream(device) -> int` (its framework's current raw stream).
+
+`declare_kernel_ops(backend, ops)` declares the kernel-only adapters named in `ops`; the
+sparse MLA helpers are building blocks a backend combines with its vendor library (the musa
+backend tries MUSA FlashMLA first). Every `supports()` declines with the library's reason
+("MUSA kernel not built (...)") when the kernels are absent, so dispatch moves on.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from . import INDEXER_MAX_HEADS, INDEXER_MAX_QROW, MLA_MAX_DQK, MLA_MAX_DV
+
+_F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+FLOATS = (_F32, _F16, _BF16)
+
+Verdict = "bool | str"
+
+KERNEL_OPS = ("silu_and_mul", "kv_cache_write", "indexer_topk", "indexer_topk_paged", "moe_permute", "moe_unpermute")
+
+#: what the kernels accept, as reported in a backend's capabilities().limits
+KERNEL_LIMITS = {
+    "kernels: sparse MLA": f"Dqk <= {MLA_MAX_DQK}, d_v <= {MLA_MAX_DV}; f32/f16/bf16",
+    "kernels: indexer top-k": f"heads <= {INDEXER_MAX_HEADS}, heads * D <= {INDEXER_MAX_QROW}; float or FP8 keys",
+    "kernels: kv_cache_write": "contiguous cache, any dtype (rows copied as bytes)",
+    "kernels: moe_permute / moe_unpermute": "T * k < 2^31; unpermute accumulates in float32 with atomics",
+}
+
+
+def _key_values(k: Any) -> Tensor:
+    return k[0] if isinstance(k, (tuple, list)) else k
+
+
+def split_key(k: Any) -> tuple[Tensor, Tensor | None]:
+    return (k[0], k[1]) if isinstance(k, (tuple, list)) else (k, None)
+
+
+# -- torch._grouped_mm (the MUSA and ROCm/DTK builds of torch both offer it) ---------------------
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _aligned(t: Tensor) -> Tensor:
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def grouped_mm(torch_ns: Any, x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
+    """grouped_gemm through torch._grouped_mm(a [M, K], b [E, K, N], offs, None, out_dtype)."""
+    rows, inner = x.shape
+    cols = w.shape[1]
+    if rows == 0 or cols == 0 or inner == 0:
+        return x.new_zeros((rows, cols))
+    # _grouped_mm wants strides that are multiples of 16 bytes and 16-byte aligned data;
+    # zero-padding K changes no product
+    padded = _round_up(inner, 16 // x.element_size())
+    a = _aligned(torch.nn.functional.pad(x, (0, padded - inner)) if padded != inner else x.contiguous())
+    wp = _aligned(torch.nn.functional.pad(w, (0, padded - inner)) if padded != inner else w.contiguous())
+    offsets = torch.cumsum(tokens_per_expert, 0, dtype=_I32)
+    # b = w^T per expert as a transposed view [E, K, N] (strides N*K, 1, K), the layout the
+    # vendors' grouped GEMM tests use
+    return torch_ns._grouped_mm(a, wp.transpose(1, 2), offsets, None, x.dtype)
+
+
+# -- sparse MLA building blocks ------------------------------------------------------------------
+def mla_kernel_declined(backend: Any, dqk: int, d_v: int) -> str | None:
+    missing = backend.kernels.missing()
+    if missing:
+        return missing
+    if dqk > MLA_MAX_DQK or d_v > MLA_MAX_DV:
+        return (f"the sparse MLA kernel keeps Dqk <= {MLA_MAX_DQK} and d_v <= {MLA_MAX_DV} per block, "
+                f"got Dqk {dqk}, d_v {d_v}")
+    return None
+
+
+def paged_to_physical(indices: Tensor, block_table: Tensor, context_lens: Tensor, block_size: int
+                      ) -> tuple[Tensor, Tensor]:
+    """Logical positions [B, N, topk] -> (cache rows int32 with -1 where invalid, valid mask).
+    A position is valid iff 0 <= p < context_lens[b] (the contract); its block id is then
+    in range (glm5_hal.ops checked the block table for the blocks in use)."""
+    p = indices.long()
+    valid = (p >= 0) & (p < context_lens.long().view(-1, 1, 1))
+    if block_table.shape[1] == 0:  # context_lens are all 0 then
+        return torch.full_like(indices, -1, dtype=_I32), valid
+    block = torch.where(valid, p // block_size, 0).clamp_(max=block_table.shape[1] - 1)
+    ids = block_table.long().gather(1, block.view(block.shape[0], -1)).view_as(p)
+    rows = ids * block_size + p % block_size
+    return torch.where(valid, rows, -1).to(_I32), valid
+
+
+def sparse_attention_by_kernel(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
+                               d_v: int) -> tuple[Tensor, Tensor]:
+    """sparse_mla_attention as one sequence whose cache is a single block of S rows."""
+    tokens, heads, _ = q.shape
+    if tokens == 0 or kv.shape[0] == 0:
+        return no_valid_rows(q, d_v, (tokens,))
+    one = torch.zeros((1, 1), dtype=_I32, device=q.device)
+    lens = torch.tensor([kv.shape[0]], dtype=_I32, device=q.device)
+    out, lse = backend.kernels.sparse_mla_decode(q.unsqueeze(0), kv.unsqueeze(0), one, lens, indices.unsqueeze(0),
+                                                 sm_scale, d_v, backend.stream(q.device))
+    return out.squeeze(0), lse.squeeze(0)
+
+
+def sparse_decode_by_kernel(backend: Any, q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
+                            indices: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    return backend.kernels.sparse_mla_decode(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v,
+                                             backend.stream(q.device))
+
+
+def no_valid_rows(q: Tensor, d_v: int, lead: tuple) -> tuple[Tensor, Tensor]:
+    """The contract's result when no index is valid: out 0, lse -inf."""
+    heads = q.shape[-2]
+    return (q.new_zeros((*lead, heads, d_v)),
+            torch.full((*lead, heads), float("-inf"), dtype=torch.float32, device=q.device))
+
+
+# -- kernel-only adapters ------------------------------------------------------------------------
+def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
+    for check in checks:
+        reason = check()
+        if reason:
+            return reason
+    return True
+
+
+def indexer_shape_declined(q: Tensor) -> str | None:
+    heads, dim = q.shape[-2], q.shape[-1]
+    if heads > INDEXER_MAX_HEADS or heads * dim > INDEXER_MAX_QROW:
+        return (f"the indexer kernel keeps one query row in shared memory: heads <= {INDEXER_MAX_HEADS} and "
+                f"heads * D <= {INDEXER_MAX_QROW}, got {heads} x {dim}")
+    return None
+
+
+def declare_kernel_ops(backend: Any, ops: Iterable[str] = KERNEL_OPS) -> None:
+    """Declares the kernel-only adapters named in `ops` (a subset of KERNEL_OPS) on `backend`."""
+    wanted = set(ops)
+    unknown = wanted - set(KERNEL_OPS)
+    if unknown:
+        raise ValueError(f"no kernel adapter for {sorted(unknown)}; known: {KERNEL_OPS}")
+    kernels_missing = lambda *args: backend.kernels.missing() or True  # noqa: E731
+
+    if "silu_and_mul" in wanted:
+        @backend.impl("silu_and_mul", dtypes=FLOATS, supports=kernels_missing)
+        def silu_and_mul(x: Tensor) -> Tensor:
+            return backend.kernels.silu_and_mul(x, backend.stream(x.device))
+
+    if "kv_cache_write" in wanted:
+        def kv_cache_write_supported(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> Verdict:
+            return _first_reason(
+                backend.kernels.missing,
+                lambda: None if cache.is_contiguous() else "the kv_cache_write kernel writes a contiguous cache")
+
+        @backend.impl("kv_cache_write", supports=kv_cache_write_supported)
+        def kv_cache_write(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
+            backend.kernels.kv_cache_write(cache, values, slot_mapping, backend.stream(cache.device))
+
+    if "indexer_topk" in wanted:
+        def indexer_topk_supported(q, k, weights, k_start, k_end, topk) -> Verdict:
+            return _first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+
+        @backend.impl("indexer_topk", dtypes=FLOATS, supports=indexer_topk_supported)
+        def indexer_topk(q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor, topk: int) -> Tensor:
+            keys, scale = split_key(k)
+            return backend.kernels.indexer_topk(q, keys, scale, weights, k_start, k_end, topk,
+                                                backend.stream(q.device))
+
+    if "indexer_topk_paged" in wanted:
+        def indexer_topk_paged_supported(q, k_cache, weights, block_table, context_lens, topk) -> Verdict:
+            return _first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+
+        @backend.impl("indexer_topk_paged", dtypes=FLOATS, supports=indexer_topk_paged_supported)
+        def indexer_topk_paged(q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
+                               context_lens: Tensor, topk: int) -> Tensor:
+            keys, scale = split_key(k_cache)
+            return backend.kernels.indexer_topk_paged(q, keys, scale, weights, block_table, context_lens, topk,
+                                                      backend.stream(q.device))
+
+    if "moe_permute" in wanted:
+        @backend.impl("moe_permute", dtypes=FLOATS, supports=kernels_missing)
+        def moe_permute(x: Tensor, ids: Tensor, num_experts: int):
+            return backend.kernels.moe_permute(x, ids, num_experts, backend.stream(x.device))
+
+    if "moe_unpermute" in wanted:
+        @backend.impl("moe_unpermute", dtypes=FLOATS, supports=kernels_missing)
+        def moe_unpermute(y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
+            return backend.kernels.moe_unpermute(y, src, weights, backend.stream(y.device))

@@ -1,0 +1,216 @@
+"""Adapters from glm5_hal's canonical ops to what torch_musa, MUSA FlashMLA and the backend's
+own kernels offer.
+
+`declare(backend)` registers one closure per op on a MusaBackend instance; each reaches the
+vendor through `backend.runtime` (MusaRuntime over the real modules, or the emulator in
+tests), so several instances coexist. Inputs arrive validated by glm5_hal.ops; an adapter
+converts layouts and index conventions, calls the vendor function and returns exactly the
+canonical outputs. Each `supports()` checks the vendor's per-call constraints (chip
+generation, dtype, shapes, muDNN version, whether FlashMLA / the kernels exist) and returns a
+reason when the call falls outside them, so dispatch moves on. README.md has the table.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import Tensor
+
+from glm5_hal.backends._cuda_dialect import adapters as kernel_adapters
+
+from . import arch
+
+if TYPE_CHECKING:
+    from . import MusaBackend
+
+_F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+FLOATS = (_F32, _F16, _BF16)
+
+#: The vendor constraints the adapters check, as reported in capabilities().limits.
+OP_LIMITS = {
+    "torch.rms_norm": "weight in x's dtype (a float32 x casts its weight exactly); bf16 from mp_22",
+    "torch.nn.functional.rope": "float32 (the adapter computes in float32 and rounds once); from mp_22; "
+                                f"interleaved pairs need the multi_latent_attention flag (muDNN >= "
+                                f"{arch.MIN_MUDNN_FOR_MLA_ROPE})",
+    "torch._grouped_mm": "2-D x 3-D with int32 end offsets; 16-byte aligned strides (K is zero-padded when "
+                         "not); bf16 from mp_22",
+    "flash_mla_sparse_fwd": f"mp_31 (MTT S5000) only; bfloat16; Dqk {arch.FLASH_MLA_DQK}, d_v {arch.FLASH_MLA_DV}; "
+                            f"topk padded to a multiple of {arch.FLASH_MLA_TOPK_MULTIPLE}, heads to a multiple "
+                            f"of {arch.FLASH_MLA_HEAD_MULTIPLE}",
+    **kernel_adapters.KERNEL_LIMITS,
+}
+
+Verdict = "bool | str"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
+    for check in checks:
+        reason = check()
+        if reason:
+            return reason
+    return True
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def declare(backend: "MusaBackend") -> None:
+    """Declares every adapter on `backend` (closures over it: one set per instance)."""
+    _declare_torch_musa(backend)
+    _declare_sparse_mla(backend)
+    kernel_adapters.declare_kernel_ops(backend)
+
+
+def _generation_declined(backend: "MusaBackend", feature: str, needed: str, has: Callable) -> str | None:
+    gen = backend.generation
+    if gen is not None and has(gen):
+        return None
+    where = gen.label if gen is not None else "this device"
+    return f"{feature} needs {needed}; this is {where}"
+
+
+# -- torch_musa ops ----------------------------------------------------------------------------
+def _declare_torch_musa(backend: "MusaBackend") -> None:
+    def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
+        if weight.dtype == x.dtype or x.dtype == _F32:
+            return True
+        return (f"the fused torch.rms_norm on musa takes the weight in x's dtype; casting the "
+                f"{_name(weight.dtype)} weight to {_name(x.dtype)} would round it")
+
+    @backend.impl("rms_norm", dtypes=FLOATS, supports=rms_norm_supported)
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        if x.numel() == 0:
+            return torch.empty_like(x)
+        return backend.runtime.torch.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), float(eps))
+
+    def rope_supported(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Verdict:
+        declined = _generation_declined(backend, "torch.nn.functional.rope", "mp_22 or later (torch_musa tests "
+                                        "it only there)", lambda gen: gen.rope)
+        if declined:
+            return declined
+        if interleaved:
+            mudnn = backend.chip.mudnn_version if backend.chip is not None else None
+            if mudnn is None or mudnn < arch.MIN_MUDNN_FOR_MLA_ROPE:
+                return (f"interleaved rope uses F.rope's multi_latent_attention flag, which needs muDNN >= "
+                        f"{arch.MIN_MUDNN_FOR_MLA_ROPE} (have {mudnn})")
+        return True
+
+    @backend.impl("apply_rope", dtypes=FLOATS, supports=rope_supported)
+    def apply_rope(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
+        tokens, heads, rot = x.shape
+        if x.numel() == 0:
+            return torch.empty_like(x)
+        # Raw angles [T, R]: F.rope takes cos/sin of freq_cis itself and rotates half-split
+        # pairs (x[i], x[i + R/2]) with the same angle in both halves.
+        exponents = torch.arange(rot // 2, device=x.device, dtype=_F32) * (-2.0 / rot)
+        angles = positions.to(_F32)[:, None] * torch.pow(float(theta), exponents)[None, :]
+        freq_cis = torch.cat((angles, angles), dim=-1).contiguous()
+        # float32 in and out: the only dtype torch_musa's rope tests cover, and the contract
+        # computes in float32 and rounds once (bf16 cos/sin would miss it near cancellations)
+        sbhd = x.to(_F32).reshape(tokens, 1, heads, rot)
+        # interleaved pairs (x[2i], x[2i+1]): the MLA flag de-interleaves the input first and
+        # returns the rotated halves, which are re-interleaved below
+        out = backend.runtime.torch.nn.functional.rope(sbhd, freq_cis, rotary_interleaved=False,
+                                                       batch_first=False, multi_latent_attention=interleaved)
+        out = out.reshape(tokens, heads, rot)
+        if interleaved:
+            out = torch.stack((out[..., : rot // 2], out[..., rot // 2:]), dim=-1).reshape(tokens, heads, rot)
+        return out.to(x.dtype)
+
+    def grouped_gemm_supported(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
+        if not callable(getattr(backend.runtime.torch, "_grouped_mm", None)):
+            return "torch._grouped_mm is not in this torch (it needs torch_musa built on torch >= 2.8)"
+        if x.dtype == _BF16:
+            return _generation_declined(backend, "bfloat16 torch._grouped_mm", "mp_22 or later",
+                                        lambda gen: gen.bf16) or True
+        return True
+
+    @backend.impl("grouped_gemm", dtypes=FLOATS, supports=grouped_gemm_supported)
+    def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
+        return kernel_adapters.grouped_mm(backend.runtime.torch, x, w, tokens_per_expert)
+
+
+# -- sparse MLA: MUSA FlashMLA on the S5000, the CUDA-dialect kernel elsewhere -------------------
+def _declare_sparse_mla(backend: "MusaBackend") -> None:
+    def flash_declined(q: Tensor, dqk: int, d_v: int) -> str | None:
+        return (_generation_declined(backend, "FlashMLA sparse attention", "an MTT S5000 (mp_31, capability "
+                                     "major 3)", lambda gen: gen.flash_mla_sparse)
+                or (backend.runtime.flash_mla_missing if backend.runtime.flash_mla is None else None)
+                or (None if q.dtype == _BF16 else f"flash_mla_sparse_fwd takes bfloat16 only, got {_name(q.dtype)}")
+                or (None if (dqk, d_v) == (arch.FLASH_MLA_DQK, arch.FLASH_MLA_DV) else
+                    f"flash_mla_sparse_fwd needs Dqk {arch.FLASH_MLA_DQK} and d_v {arch.FLASH_MLA_DV}, got Dqk "
+                    f"{dqk}, d_v {d_v}"))
+
+    def route(q: Tensor, d_v: int) -> tuple[str | None, str]:
+        """('flash' | 'kernel' | None, reason when None)."""
+        dqk = q.shape[-1]
+        flash = flash_declined(q, dqk, d_v)
+        if flash is None:
+            return "flash", ""
+        kernel = kernel_adapters.mla_kernel_declined(backend, dqk, d_v)
+        if kernel is None:
+            return "kernel", ""
+        return None, f"FlashMLA: {flash}; {kernel}"
+
+    def attention_supported(q, kv, indices, sm_scale, d_v) -> Verdict:
+        path, reason = route(q, d_v)
+        return True if path else reason
+
+    @backend.impl("sparse_mla_attention", dtypes=FLOATS, supports=attention_supported)
+    def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int):
+        path, _ = route(q, d_v)
+        if path == "kernel":
+            return kernel_adapters.sparse_attention_by_kernel(backend, q, kv, indices, sm_scale, d_v)
+        if q.shape[0] == 0 or kv.shape[0] == 0:
+            return kernel_adapters.no_valid_rows(q, d_v, (q.shape[0],))
+        valid = (indices >= 0) & (indices < kv.shape[0])
+        return _flash_sparse(backend, q, kv, torch.where(valid, indices, -1).to(_I32), valid, sm_scale)
+
+    def decode_supported(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v) -> Verdict:
+        path, reason = route(q, d_v)
+        return True if path else reason
+
+    @backend.impl("sparse_mla_decode_paged", dtypes=FLOATS, supports=decode_supported)
+    def sparse_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
+                                indices: Tensor, sm_scale: float, d_v: int):
+        path, _ = route(q, d_v)
+        if path == "kernel":
+            return kernel_adapters.sparse_decode_by_kernel(backend, q, kv_cache, block_table, context_lens, indices,
+                                                           sm_scale, d_v)
+        batch, queries, heads, dqk = q.shape
+        if q.numel() == 0 or kv_cache.shape[0] == 0:
+            return kernel_adapters.no_valid_rows(q, d_v, (batch, queries))
+        rows, valid = kernel_adapters.paged_to_physical(indices, block_table, context_lens, kv_cache.shape[1])
+        out, lse = _flash_sparse(backend, q.reshape(batch * queries, heads, dqk), kv_cache.reshape(-1, dqk),
+                                 rows.reshape(batch * queries, -1), valid.reshape(batch * queries, -1), sm_scale)
+        return out.reshape(batch, queries, heads, -1), lse.reshape(batch, queries, heads)
+
+
+def _flash_sparse(backend: "MusaBackend", q: Tensor, kv_rows: Tensor, rows: Tensor, valid: Tensor,
+                  sm_scale: float) -> tuple[Tensor, Tensor]:
+    """flash_mla_sparse_fwd over q [R, H, 576] bf16, kv_rows [S, 576], rows [R, topk] int32 cache
+    rows (-1 invalid) -> the contract's (out [R, H, 512], natural-log lse [R, H])."""
+    tokens, heads, dqk = q.shape
+    padded_heads = _round_up(heads, arch.FLASH_MLA_HEAD_MULTIPLE)
+    q_in = q.contiguous() if padded_heads == heads else torch.nn.functional.pad(q, (0, 0, 0, padded_heads - heads))
+    topk = rows.shape[1]
+    # -1 padding up to the kernel's 64-index tile: the tile loader would otherwise read
+    # index 0 for the missing tail
+    indices = torch.full((tokens, 1, _round_up(topk, arch.FLASH_MLA_TOPK_MULTIPLE)), -1, dtype=_I32,
+                         device=q.device)
+    indices[:, 0, :topk] = rows
+    out, _max_logits, lse = backend.runtime.flash_mla.flash_mla_sparse_fwd(
+        q_in, kv_rows.contiguous().unsqueeze(1), indices, float(sm_scale), d_v=arch.FLASH_MLA_DV)
+    out, lse = out[:, :heads].to(q.dtype), lse[:, :heads].float()
+    lse = lse * math.log(arch.FLASH_MLA_LSE_BASE)
+    # a row without a valid index: the kernel's -2^30 mask (or +inf) is not the contract's
+    lonely = ~valid.any(-1)
+    out = out.masked_fill(lonely[:, None, None], 0.0)
+    lse = lse.masked_fill(lonely[:, None], float("-inf"))
+    return out.contiguous(), lse.contiguous()

@@ -1,0 +1,427 @@
+"""The Moore Threads MUSA backend: probe reasons, capabilities per generation, and every
+adapter run end to end against the MUSA emulator (tests/emulators/musa.py) on CPU tensors,
+compared with glm5_hal.reference; calls outside the vendor constraints must be declined
+with a reason (dispatch then moves on) and never reach the vendor function."""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+import glm5_hal as hal
+from glm5_hal.backends.musa import MusaBackend
+from emulators.musa import FlashMlaEmulator, MusaEmulator
+
+from conftest import seeded
+
+EMU = "musa_emu"
+F32, F16, BF16, I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+
+
+def as_plugin(backend) -> types.ModuleType:
+    module = types.ModuleType("musa_emulated_plugin")
+    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
+    return module
+
+
+def emulated(card: str = "S4000", **runtime_kwargs) -> MusaBackend:
+    return MusaBackend(runtime=MusaEmulator(card, **runtime_kwargs), name=EMU, device_type="cpu", priority=1000)
+
+
+def register(hal_state, monkeypatch, card: str = "S4000", **runtime_kwargs) -> MusaBackend:
+    """An emulated backend registered at run time. The cpu backend is disabled so that, as on a
+    real MUSA device (where it cannot take musa tensors), a declined call runs the reference."""
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    backend = emulated(card, **runtime_kwargs)
+    hal_state(as_plugin(backend), EMU)
+    assert backend.availability().available, backend.availability().reason
+    return backend
+
+
+@pytest.fixture
+def s4000(hal_state, monkeypatch) -> MusaBackend:
+    return register(hal_state, monkeypatch, "S4000")
+
+
+@pytest.fixture
+def s5000(hal_state, monkeypatch) -> MusaBackend:
+    return register(hal_state, monkeypatch, "S5000")
+
+
+def chosen(op, *args) -> str:
+    return hal.explain(op, *args).chosen
+
+
+def rejection(op, *args) -> str:
+    return dict(hal.explain(op, *args).rejected).get(f"{EMU}.{op}", "")
+
+
+@contextlib.contextmanager
+def expect_fallback(reason: str):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    messages = [str(w.message) for w in caught if issubclass(w.category, hal.FallbackWarning)]
+    assert any(f"'{EMU}' declined: " in m and reason in m for m in messages), messages
+
+
+def randn(*shape, g, dtype=F32, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+# -- probe -----------------------------------------------------------------------------------------
+def test_without_torch_musa_the_registered_backend_says_the_bridge_is_missing():
+    row = next(r for r in hal.backends() if r.name == "musa")
+    assert (row.available, row.reason, row.device_type) == (False, "bridge torch_musa not installed", "musa")
+    assert {"rms_norm", "apply_rope", "grouped_gemm", "sparse_mla_attention", "sparse_mla_decode_paged",
+            "indexer_topk_paged"} <= set(row.ops)
+
+
+@pytest.fixture
+def fake_torch_musa(tmp_path, monkeypatch):
+    """Installs a package named torch_musa whose __init__ is the given source."""
+    def install(body: str) -> None:
+        pkg = tmp_path / "torch_musa"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text(body)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_musa", raising=False)
+    yield install
+    sys.modules.pop("torch_musa", None)
+
+
+def test_a_missing_musa_runtime_library_is_named(fake_torch_musa):
+    fake_torch_musa("raise ImportError('libmusart.so.3: cannot open shared object file: No such file or directory')\n")
+    reason = MusaBackend().availability().reason
+    assert reason.startswith("runtime library missing: libmusart.so.3 (torch_musa is installed")
+    assert "MUSA_HOME" in reason
+
+
+def test_other_import_failures_of_the_bridge_are_quoted(fake_torch_musa):
+    fake_torch_musa("raise ImportError('Please try running Python from a different directory!')\n")
+    assert MusaBackend().availability().reason == (
+        "importing torch_musa failed: ImportError: Please try running Python from a different directory!")
+
+
+def test_a_bridge_that_does_not_register_the_device_is_refused(fake_torch_musa):
+    fake_torch_musa("__version__ = '2.9.1'\n")
+    reason = MusaBackend().availability().reason
+    assert reason.startswith("torch_musa imported but did not register the musa device (torch.musa is missing)")
+
+
+@pytest.mark.parametrize("card,kwargs,expected", [
+    ("S4000", {"devices": 0}, "no MUSA device visible (torch.musa.device_count() == 0; check `mthreads-gmi` and "
+                              "MUSA_VISIBLE_DEVICES)"),
+    ("S4000", {"version": "2.5.0+1a2b3c4"}, "torch_musa 2.5.0+1a2b3c4 is too old: the adapters use the torch_musa "
+                                            "2.7 API"),
+    ("S4000", {"version": "dev"}, "the torch_musa version could not be read ('dev')"),
+    ("S2000", {}, "unsupported MUSA architecture mp_11 (MTT S2000); the musa backend supports mp_21 (MTT S80/S3000), "
+                  "mp_22 (MTT S4000), mp_31 (MTT S5000)"),
+])
+def test_probe_gives_a_specific_reason(card, kwargs, expected):
+    availability = emulated(card, **kwargs).availability()
+    assert not availability.available
+    assert availability.reason.startswith(expected)
+
+
+@pytest.mark.parametrize("card,arch_name,dtypes,dist,flash", [
+    ("S80", "mp_21", {F32, F16}, None, False),
+    ("S3000", "mp_21", {F32, F16}, None, False),
+    ("S4000", "mp_22", {F32, F16, BF16}, "mccl", False),
+    ("S5000", "mp_31", {F32, F16, BF16, torch.float8_e4m3fn}, "mccl", True),
+])
+def test_capabilities_per_generation(card, arch_name, dtypes, dist, flash):
+    backend = emulated(card)
+    availability = backend.availability()
+    name = backend.runtime.device_name
+    assert availability.reason == f"EMULATED (MusaEmulator): 8 x {name} ({arch_name}), torch_musa 2.9.1"
+    caps = backend.cached_capabilities()
+    assert (set(caps.dtypes), caps.dist_backend, caps.device_name) == (dtypes, dist, name)
+    assert caps.limits["arch"] == arch_name and caps.limits["flash_mla_sparse"] is flash
+    assert ("dist" in caps.limits) is (dist is None)
+    assert caps.limits["musa_kernels"].startswith("MUSA kernel not built")
+    assert backend.versions()["chip"] == f"{name} ({arch_name})" and backend.versions()["muDNN"] == "3100"
+
+
+def test_real_and_emulated_instances_keep_their_own_adapters():
+    a, b = emulated("S4000"), MusaBackend(runtime=MusaEmulator("S5000"), name="musa_emu5", device_type="cpu")
+    assert a.impls["rms_norm"].fn is not b.impls["rms_norm"].fn
+    a.availability(), b.availability()
+    x, w = torch.ones(2, 8), torch.ones(8)
+    a.impls["rms_norm"].fn(x, w, 1e-6)
+    assert (a.runtime.calls["rms_norm"], b.runtime.calls["rms_norm"]) == (1, 0)
+
+
+# -- rms_norm --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("shape", [(7, 64), (2, 3, 129), (1, 1)])
+def test_rms_norm_matches_the_reference(s4000, dtype, shape):
+    g = seeded(1)
+    x, w = randn(*shape, g=g, dtype=dtype), randn(shape[-1], g=g, dtype=dtype)
+    assert chosen("rms_norm", x, w, 1e-6) == f"{EMU}.rms_norm"
+    torch.testing.assert_close(hal.ops.rms_norm(x, w, 1e-6), hal.reference.rms_norm(x, w, 1e-6), rtol=1.6e-2, atol=1e-5)
+    assert s4000.runtime.calls["rms_norm"] == 1
+
+
+def test_rms_norm_of_float32_takes_a_narrower_weight_exactly(s4000):
+    g = seeded(2)
+    x, w = randn(4, 32, g=g), randn(32, g=g, dtype=BF16)
+    torch.testing.assert_close(hal.ops.rms_norm(x, w, 1e-6), hal.reference.rms_norm(x, w, 1e-6))
+
+
+def test_rms_norm_with_a_wider_weight_is_declined_for_half_inputs(s4000):
+    x, w = torch.ones(4, 32, dtype=BF16), torch.ones(32)
+    assert "takes the weight in x's dtype; casting the float32 weight to bfloat16 would round it" in \
+        rejection("rms_norm", x, w, 1e-6)
+    with expect_fallback("would round it"):
+        hal.ops.rms_norm(x, w, 1e-6)
+    assert s4000.runtime.calls["rms_norm"] == 0
+
+
+def test_bf16_on_an_s80_is_refused_by_capabilities(hal_state, monkeypatch):
+    register(hal_state, monkeypatch, "S80")
+    x = torch.ones(2, 8, dtype=BF16)
+    assert rejection("rms_norm", x, torch.ones(8, dtype=BF16), 1e-6) == (
+        "device MTT S80 does not support bfloat16 (capabilities: {float16, float32})")
+
+
+# -- apply_rope ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_apply_rope_matches_the_reference(s4000, interleaved, dtype):
+    g = seeded(3)
+    x = randn(9, 5, 64, g=g, dtype=dtype)
+    positions = torch.tensor([0, 1, 2, 17, 100, 1000, 4095, 3, 3], dtype=torch.int64)
+    args = (x, positions, 1e6, interleaved)
+    assert chosen("apply_rope", *args) == f"{EMU}.apply_rope"
+    tol = {F32: (2e-5, 1e-5), F16: (1e-3, 1e-3), BF16: (1.6e-2, 1e-2)}[dtype]
+    torch.testing.assert_close(hal.ops.apply_rope(*args), hal.reference.apply_rope(*args), rtol=tol[0], atol=tol[1])
+    assert s4000.runtime.calls["rope"] == 1
+
+
+def test_interleaved_rope_needs_the_mla_flag_of_a_recent_mudnn(hal_state, monkeypatch):
+    backend = register(hal_state, monkeypatch, "S4000", mudnn=2900)
+    x, positions = torch.ones(3, 2, 8), torch.arange(3)
+    assert rejection("apply_rope", x, positions, 1e4, True) == (
+        "interleaved rope uses F.rope's multi_latent_attention flag, which needs muDNN >= 3000 (have 2900)")
+    assert chosen("apply_rope", x, positions, 1e4, False) == f"{EMU}.apply_rope"
+    torch.testing.assert_close(hal.ops.apply_rope(x, positions, 1e4, False),
+                               hal.reference.apply_rope(x, positions, 1e4, False))
+    assert backend.runtime.calls["rope"] == 1
+
+
+def test_rope_on_an_s80_is_declined(hal_state, monkeypatch):
+    register(hal_state, monkeypatch, "S80")
+    assert rejection("apply_rope", torch.ones(3, 2, 8), torch.arange(3), 1e4, False) == (
+        "torch.nn.functional.rope needs mp_22 or later (torch_musa tests it only there); this is mp_21 (MTT S80/S3000)")
+
+
+# -- grouped_gemm ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("inner", [32, 21, 1])
+def test_grouped_gemm_matches_the_reference(s4000, dtype, inner):
+    g = seeded(4)
+    counts = torch.tensor([3, 0, 5, 1, 0], dtype=I32)
+    x, w = randn(int(counts.sum()), inner, g=g, dtype=dtype), randn(5, 17, inner, g=g, dtype=dtype)
+    assert chosen("grouped_gemm", x, w, counts) == f"{EMU}.grouped_gemm"
+    torch.testing.assert_close(hal.ops.grouped_gemm(x, w, counts), hal.reference.grouped_gemm(x, w, counts),
+                               rtol=1.6e-2, atol=1e-3)
+    assert s4000.runtime.calls["_grouped_mm"] == 1
+
+
+def test_grouped_gemm_of_a_misaligned_view_and_of_no_rows(s4000):
+    g = seeded(5)
+    base = randn(9 * 16 + 2, g=g)
+    x = base[2:].view(9, 16)  # data 8 bytes past an aligned address
+    w, counts = randn(2, 8, 16, g=g), torch.tensor([4, 5], dtype=I32)
+    torch.testing.assert_close(hal.ops.grouped_gemm(x, w, counts), hal.reference.grouped_gemm(x, w, counts))
+    empty = hal.ops.grouped_gemm(torch.ones(0, 16), w, torch.zeros(2, dtype=I32))
+    assert empty.shape == (0, 8)
+    assert s4000.runtime.calls["_grouped_mm"] == 1
+
+
+def test_grouped_gemm_needs_torch_grouped_mm(s4000, monkeypatch):
+    monkeypatch.delattr(type(s4000.runtime.torch), "_grouped_mm")
+    assert rejection("grouped_gemm", torch.ones(2, 16), torch.ones(1, 4, 16), torch.tensor([2], dtype=I32)) == (
+        "torch._grouped_mm is not in this torch (it needs torch_musa built on torch >= 2.8)")
+
+
+# -- sparse MLA (FlashMLA on the S5000) ----------------------------------------------------------
+def mla_inputs(g, tokens=5, heads=16, keys=40, topk=20, dtype=BF16):
+    q = randn(tokens, heads, 576, g=g, dtype=dtype, scale=0.5)
+    kv = randn(keys, 576, g=g, dtype=dtype, scale=0.5)
+    indices = torch.randint(0, keys, (tokens, topk), generator=g, dtype=I32)
+    indices[0, :7] = -1
+    indices[1, 3] = keys          # == S: ignored
+    indices[1, 4] = -7            # any negative: ignored
+    indices[2, 5] = indices[2, 6]  # duplicates count twice
+    indices[3] = -1               # no valid entry
+    return q, kv, indices
+
+
+def assert_attention_close(got, want, dtype=BF16):
+    (out, lse), (ref_out, ref_lse) = got, want
+    assert out.dtype == dtype and lse.dtype == F32
+    torch.testing.assert_close(out.float(), ref_out.float(), rtol=1.6e-2, atol=2e-3)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite].float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("heads,topk", [(16, 20), (64, 64), (128, 130)])
+def test_sparse_mla_attention_on_an_s5000_uses_flash_mla(s5000, heads, topk):
+    g = seeded(6)
+    q, kv, indices = mla_inputs(g, heads=heads, topk=topk)
+    args = (q, kv, indices, 256 ** -0.5, 512)
+    assert chosen("sparse_mla_attention", *args) == f"{EMU}.sparse_mla_attention"
+    out = hal.ops.sparse_mla_attention(*args)
+    assert_attention_close(out, hal.reference.sparse_mla_attention(*args))
+    assert s5000.runtime.calls["flash_mla_sparse_fwd"] == 1
+    assert bool((out[0][3] == 0).all()) and bool((out[1][3] == float("-inf")).all())
+
+
+def test_the_flash_mla_emulator_models_the_kernels_conventions():
+    """The conventions the adapter converts: base-2 lse, a finite lse for a row without a
+    valid index, topk in tiles of 64 and one KV head."""
+    emu = MusaEmulator("S5000")
+    g = seeded(7)
+    q, kv = randn(2, 64, 576, g=g, dtype=BF16), randn(9, 1, 576, g=g, dtype=BF16)
+    indices = torch.full((2, 1, 64), -1, dtype=I32)
+    indices[0, 0, :3] = torch.tensor([0, 4, 8], dtype=I32)
+    out, max_logits, lse = emu.flash_mla.flash_mla_sparse_fwd(q, kv, indices, 0.1)
+    scores = 0.1 * torch.einsum("hd,kd->hk", q[0].float(), kv[[0, 4, 8], 0].float())
+    torch.testing.assert_close(lse[0], torch.logsumexp(scores, -1) / math.log(2), rtol=1e-5, atol=1e-5)
+    assert max_logits is None and bool(torch.isfinite(lse[1]).all()) and bool((out[1] == 0).all())
+    with pytest.raises(RuntimeError, match="topk must be a multiple of block_I=64"):
+        emu.flash_mla.flash_mla_sparse_fwd(q, kv, indices[..., :20].contiguous(), 0.1)
+    with pytest.raises(RuntimeError, match="capability major == 3"):
+        FlashMlaEmulator(MusaEmulator("S4000")).flash_mla_sparse_fwd(q, kv, indices, 0.1)
+
+
+def test_sparse_mla_decode_paged_on_an_s5000_uses_flash_mla(s5000):
+    g = seeded(8)
+    batch, queries, heads, block_size, num_blocks = 3, 2, 16, 16, 9
+    q = randn(batch, queries, heads, 576, g=g, dtype=BF16, scale=0.5)
+    cache = randn(num_blocks, block_size, 576, g=g, dtype=BF16, scale=0.5)
+    table = torch.tensor([[4, 0, 7], [2, -1, -1], [8, 1, 3]], dtype=I32)
+    lens = torch.tensor([40, 5, 0], dtype=I32)
+    indices = torch.randint(-2, 45, (batch, queries, 24), generator=g, dtype=I32)
+    args = (q, cache, table, lens, indices, 256 ** -0.5, 512)
+    assert chosen("sparse_mla_decode_paged", *args) == f"{EMU}.sparse_mla_decode_paged"
+    assert_attention_close(hal.ops.sparse_mla_decode_paged(*args), hal.reference.sparse_mla_decode_paged(*args))
+    assert s5000.runtime.calls["flash_mla_sparse_fwd"] == 1
+
+
+def test_sparse_mla_declines_what_flash_mla_cannot_run(s5000):
+    g = seeded(9)
+    q, kv, indices = mla_inputs(g, dtype=F16)
+    reason = rejection("sparse_mla_attention", q, kv, indices, 0.1, 512)
+    assert reason.startswith("FlashMLA: flash_mla_sparse_fwd takes bfloat16 only, got float16; MUSA kernel not built")
+    q, kv, indices = mla_inputs(g)
+    assert rejection("sparse_mla_attention", q, kv, indices, 0.1, 256).startswith(
+        "FlashMLA: flash_mla_sparse_fwd needs Dqk 576 and d_v 512, got Dqk 576, d_v 256; MUSA kernel not built")
+    with expect_fallback("MUSA kernel not built"):
+        hal.ops.sparse_mla_attention(q, kv, indices, 0.1, 256)
+    assert s5000.runtime.calls["flash_mla_sparse_fwd"] == 0
+
+
+def test_sparse_mla_on_an_s4000_or_without_flash_mla_is_declined(hal_state, monkeypatch):
+    q, kv, indices = mla_inputs(seeded(10))
+    register(hal_state, monkeypatch, "S4000")
+    assert rejection("sparse_mla_attention", q, kv, indices, 0.1, 512).startswith(
+        "FlashMLA: FlashMLA sparse attention needs an MTT S5000 (mp_31, capability major 3); this is mp_22 (MTT S4000); "
+        "MUSA kernel not built")
+    hal.unload_plugin(EMU)
+    register(hal_state, monkeypatch, "S5000", flash_mla=False)
+    assert rejection("sparse_mla_attention", q, kv, indices, 0.1, 512).startswith(
+        "FlashMLA: MUSA FlashMLA unavailable (flash_mla not installed; mate not installed); MUSA kernel not built")
+
+
+# -- the backend's own kernels -----------------------------------------------------------------------
+@pytest.mark.parametrize("op,args", [
+    ("silu_and_mul", (torch.ones(3, 8),)),
+    ("kv_cache_write", (torch.zeros(2, 4, 8), torch.ones(3, 8), torch.tensor([0, -1, 5]))),
+    ("indexer_topk", (torch.ones(2, 4, 16), torch.ones(5, 16), torch.ones(2, 4), torch.zeros(2, dtype=I32),
+                      torch.full((2,), 5, dtype=I32), 3)),
+    ("indexer_topk_paged", (torch.ones(1, 1, 4, 16), torch.ones(2, 4, 16), torch.ones(1, 1, 4),
+                            torch.tensor([[0, 1]], dtype=I32), torch.tensor([6], dtype=I32), 3)),
+    ("moe_permute", (torch.ones(3, 8), torch.zeros(3, 2, dtype=I32), 4)),
+    ("moe_unpermute", (torch.ones(2, 8), torch.tensor([0, 3], dtype=I32), torch.ones(2, 2))),
+])
+def test_kernel_ops_are_declined_while_the_musa_kernels_are_not_built(s4000, op, args):
+    assert rejection(op, *args).startswith("MUSA kernel not built (libglm5_hal_musa_kernels.so not found")
+    assert "GLM5_HAL_WITH_MUSA" in rejection(op, *args)
+
+
+class StandInKernels:
+    """Takes the place of the kernel library: records what the adapters hand it and answers
+    with the contract computed here in plain torch (not glm5_hal.reference)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def missing(self):
+        return None
+
+    def status(self):
+        return "stand-in"
+
+    def sparse_mla_decode(self, q, kv_cache, block_table, context_lens, indices, sm_scale, d_v, stream):
+        self.calls.append(("sparse_mla_decode", tuple(q.shape), tuple(kv_cache.shape), block_table.tolist(),
+                           context_lens.tolist(), stream))
+        batch, queries, heads, _ = q.shape
+        out = torch.zeros(batch, queries, heads, d_v, dtype=q.dtype)
+        lse = torch.full((batch, queries, heads), float("-inf"))
+        block_size = kv_cache.shape[1]
+        for b in range(batch):
+            for n in range(queries):
+                p = [int(v) for v in indices[b, n] if 0 <= v < int(context_lens[b])]
+                if not p:
+                    continue
+                rows = torch.stack([kv_cache[int(block_table[b, v // block_size]), v % block_size] for v in p]).double()
+                z = sm_scale * (q[b, n].double() @ rows.T)
+                lse[b, n] = torch.logsumexp(z, -1).float()
+                out[b, n] = (torch.softmax(z, -1) @ rows[:, :d_v]).to(q.dtype)
+        return out, lse
+
+
+def test_sparse_mla_attention_reaches_the_kernel_as_one_sequence_of_one_block(s4000):
+    s4000.kernels = StandInKernels()
+    g = seeded(11)
+    q, kv, indices = mla_inputs(g, dtype=F32)
+    args = (q, kv, indices, 0.0625, 512)
+    assert chosen("sparse_mla_attention", *args) == f"{EMU}.sparse_mla_attention"
+    out = hal.ops.sparse_mla_attention(*args)
+    torch.testing.assert_close(out, hal.reference.sparse_mla_attention(*args))
+    assert s4000.kernels.calls == [("sparse_mla_decode", (1, 5, 16, 576), (1, 40, 576), [[0]], [40], 0x4D55)]
+
+
+# -- conformance -------------------------------------------------------------------------------------
+#: ops the emulated backend serves through vendor functions (the rest need the MUSA kernels)
+VENDOR_OPS = {"S4000": {"rms_norm", "apply_rope", "grouped_gemm"},
+              "S5000": {"rms_norm", "apply_rope", "grouped_gemm", "sparse_mla_attention", "sparse_mla_decode_paged"}}
+
+
+@pytest.mark.parametrize("card", ["S4000", "S5000"])
+def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, monkeypatch, card):
+    """Every case of every op the adapters implement: nothing fails or errors; the ops served
+    by vendor functions pass through the backend's own implementation; every decline is a
+    vendor constraint of those ops or the MUSA kernels not being built; skips are dtypes the
+    card lacks (FP8 caches on an S4000)."""
+    from glm5_hal.conformance import cases, plan, run_all
+    backend = register(hal_state, monkeypatch, card)
+    ops = [op for op in sorted(backend.impls) if op in cases.ops_with_cases()]
+    assert "rms_norm" in ops
+    records = run_all(plan([EMU], ops, ["tiny"]))
+    assert not [(r.case, r.status, r.reason) for r in records if r.status not in ("pass", "fallback", "skip")]
+    assert not [r for r in records if r.status == "fallback" and "supports() raised" in r.reason]
+    assert all(r.reason.startswith("device ") for r in records if r.status == "skip")
+    own = {r.op for r in records if r.status == "pass" and r.impl == f"{EMU}.{r.op}"}
+    assert own == VENDOR_OPS[card] & set(ops)
+    declined = [r for r in records if r.status == "fallback"]
+    assert all("MUSA kernel not built" in r.reason or r.op in VENDOR_OPS[card] for r in declined), declined
