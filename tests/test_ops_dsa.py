@@ -588,7 +588,7 @@ PAGED_BAD = [
     (_set(1, _fp8_pair((3, 4, 8), scale_shape=(3, 5))), "k_cache_scale", "shape [3, 4]"),
     (_set(2, torch.randn(2, 3, 3)), "weights", "shape [2, 3, 2]"),
     (_set(3, lambda a: a[3].long()), "block_table", "dtype int32"),
-    (_set(3, torch.zeros(3, 3, dtype=I32)), "block_table", "shape [B, max_blocks] = [2, '*']"),
+    (_set(3, torch.zeros(3, 3, dtype=I32)), "block_table", "shape [B, max_blocks] = [2, *]"),
     (_set(4, i32([7, 2, 0])), "context_lens", "shape [B] = [2]"),
     (_set(4, lambda a: a[4].to("meta")), "context_lens", "a tensor on cpu"),
     (_set(4, i32([13, 2])), "context_lens", "values in [0, 12]"),
@@ -603,11 +603,11 @@ SPARSE_BAD = [
     (_set(0, lambda a: a[0].double()), "q", "dtype float32 or float16 or bfloat16"),
     (_set(0, torch.randn(3, 0, 16)), "q", "H and Dqk >= 1"),
     (_set(1, lambda a: a[1].half()), "kv", "dtype float32 (the dtype of 'q')"),
-    (_set(1, torch.randn(5, 15)), "kv", "shape ['*', 16]"),
+    (_set(1, torch.randn(5, 15)), "kv", "shape [*, 16]"),
     (_set(1, lambda a: a[1].to("meta")), "kv", "a tensor on cpu"),
     (_set(2, lambda a: a[2].long()), "indices", "dtype int32"),
     (_set(2, torch.zeros(3, 0, dtype=I32)), "indices", "topk >= 1"),
-    (_set(2, torch.zeros(2, 4, dtype=I32)), "indices", "shape [T, topk] = [3, '*']"),
+    (_set(2, torch.zeros(2, 4, dtype=I32)), "indices", "shape [T, topk] = [3, *]"),
     (_set(2, lambda a: a[2].to("meta")), "indices", "a tensor on cpu"),
     (_set(3, 0.0), "sm_scale", "a number > 0.0"),
     (_set(3, -0.1), "sm_scale", "a number > 0.0"),
@@ -621,7 +621,7 @@ SPARSE_BAD = [
 
 DECODE_BAD = [
     (_set(0, torch.randn(2, 3, 16)), "q", "a 4-d tensor"),
-    (_set(1, torch.randn(3, 4, 12)), "kv_cache", "shape ['*', '*', 16]"),
+    (_set(1, torch.randn(3, 4, 12)), "kv_cache", "shape [*, *, 16]"),
     (_set(1, lambda a: a[1].bfloat16()), "kv_cache", "dtype float32"),
     (_set(2, torch.zeros(2, 3, dtype=torch.int64)), "block_table", "dtype int32"),
     (_set(3, i32([7, 13])), "context_lens", "values in [0, 12]"),
@@ -632,7 +632,7 @@ DECODE_BAD = [
 ]
 
 SPARSE_DECODE_BAD = DECODE_BAD[:5] + [
-    (_set(4, torch.zeros(2, 4, 5, dtype=I32)), "indices", "shape [B, N, topk] = [2, 3, '*']"),
+    (_set(4, torch.zeros(2, 4, 5, dtype=I32)), "indices", "shape [B, N, topk] = [2, 3, *]"),
     (_set(4, torch.zeros(2, 3, 0, dtype=I32)), "indices", "topk >= 1"),
     (_set(4, torch.zeros(2, 3, 5, dtype=torch.int16)), "indices", "dtype int32"),
     (_set(5, 0.0), "sm_scale", "a number > 0.0"),

@@ -291,7 +291,7 @@ BAD = [
     ("w4a16_gemm", lambda: (torch.randn(2, 3, 32), *packed_args(), 16), "x", "a 2-d tensor"),
     ("w4a16_gemm", lambda: (torch.randn(2, 32).double(), *packed_args(), 16), "x", "dtype float32"),
     ("w4a16_gemm", lambda: (torch.randn(2, 30), *packed_args(), 16), "x", "a last dim K divisible by 8"),
-    ("w4a16_gemm", lambda: (torch.randn(2, 64), *packed_args(), 16), "packed", "shape ['*', 8]"),
+    ("w4a16_gemm", lambda: (torch.randn(2, 64), *packed_args(), 16), "packed", "shape [*, 8]"),
     ("w4a16_gemm", lambda: (torch.randn(2, 32), packed_args()[0].float(), packed_args()[1], 16), "packed",
      "dtype int32"),
     ("w4a16_gemm", lambda: (torch.randn(2, 32), *packed_args(), 32), "scale", "shape [4, 1]"),

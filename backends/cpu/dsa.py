@@ -74,7 +74,7 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-@cpu.impl("indexer_logits", dtypes=FLOATS)
+@cpu.impl("indexer_logits", dtypes=FLOATS, validates_values=True)
 def indexer_logits(q, k, weights, k_start, k_end):
     q, weights = q.contiguous(), weights.contiguous()
     k_start, k_end = k_start.contiguous(), k_end.contiguous()
@@ -87,7 +87,7 @@ def indexer_logits(q, k, weights, k_start, k_end):
     return out
 
 
-@cpu.impl("indexer_topk", dtypes=FLOATS)
+@cpu.impl("indexer_topk", dtypes=FLOATS, validates_values=True)
 def indexer_topk(q, k, weights, k_start, k_end, topk):
     q, weights = q.contiguous(), weights.contiguous()
     k_start, k_end = k_start.contiguous(), k_end.contiguous()
@@ -100,7 +100,7 @@ def indexer_topk(q, k, weights, k_start, k_end, topk):
     return out
 
 
-@cpu.impl("indexer_topk_paged", dtypes=FLOATS)
+@cpu.impl("indexer_topk_paged", dtypes=FLOATS, validates_values=True)
 def indexer_topk_paged(q, k_cache, weights, block_table, context_lens, topk):
     q, weights = q.contiguous(), weights.contiguous()
     if isinstance(k_cache, (tuple, list)):
@@ -134,7 +134,7 @@ def sparse_mla_attention(q, kv, indices, sm_scale, d_v=512):
     return out, lse
 
 
-@cpu.impl("sparse_mla_decode_paged", dtypes=FLOATS)
+@cpu.impl("sparse_mla_decode_paged", dtypes=FLOATS, validates_values=True)
 def sparse_mla_decode_paged(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v=512):
     q, indices = q.contiguous(), indices.contiguous()
     cache, block, row = _pages(kv_cache)
@@ -150,7 +150,7 @@ def sparse_mla_decode_paged(q, kv_cache, block_table, context_lens, indices, sm_
     return out, lse
 
 
-@cpu.impl("dense_mla_decode_paged", dtypes=FLOATS)
+@cpu.impl("dense_mla_decode_paged", dtypes=FLOATS, validates_values=True)
 def dense_mla_decode_paged(q, kv_cache, block_table, context_lens, sm_scale, d_v=512):
     q = q.contiguous()
     cache, block, row = _pages(kv_cache)

@@ -48,9 +48,14 @@ def tensor(op: str, arg: str, t: object, *, ndim: int | None = None, min_ndim: i
 def shape(op: str, arg: str, t: torch.Tensor, expected: Sequence[int | None]) -> None:
     """`t.shape` matches `expected` (None matches any size)."""
     actual = t.shape
-    if len(actual) != len(expected) or any(e is not None and a != e for a, e in zip(actual, expected)):
-        shown = ["*" if e is None else e for e in expected]
-        fail(op, arg, f"shape {shown}", f"shape {list(actual)}")
+    if len(actual) == len(expected):
+        for a, e in zip(actual, expected):  # a plain loop: this runs on every call
+            if e is not None and a != e:
+                break
+        else:
+            return
+    shown = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+    fail(op, arg, f"shape {shown}", f"shape {list(actual)}")
 
 
 def same_device(op: str, ref_arg: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
