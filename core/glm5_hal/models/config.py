@@ -12,9 +12,9 @@ ATTENTION_MODES = ("sparse", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
-class GLM5Config:
-    """Dimensions and switches of a GLM-5-architecture model (HF `glm_moe_dsa` field names
-    where HF has one: `num_layers` is `num_hidden_layers`, `first_dense_layers` is
+class GLM5Config(presets.ModelDims):
+    """The dimensions (`presets.ModelDims`) and switches of a GLM-5-architecture model (HF
+    `glm_moe_dsa` field names where HF has one: `num_layers` is `num_hidden_layers`, `first_dense_layers` is
     `first_k_dense_replace`).
 
     attention: "sparse" runs DSA (indexer top-k, then sparse MLA), "dense" skips the
@@ -26,32 +26,7 @@ class GLM5Config:
         FP8-quantizes its queries with the scale folded into the head weights, as
         DeepSeek-V3.2's inference code does.
     """
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    index_n_heads: int
-    index_head_dim: int
-    index_topk: int
-    n_routed_experts: int
-    num_experts_per_tok: int
-    n_shared_experts: int
-    n_group: int
-    topk_group: int
-    routed_scaling_factor: float
-    moe_intermediate_size: int
-    intermediate_size: int
-    first_dense_layers: int
-    rope_theta: float
-    rope_interleaved: bool = True
-    indexer_rope_interleaved: bool = True
     norm_topk_prob: bool = True
-    rms_norm_eps: float = 1e-5
     lora_norm_eps: float = 1e-6
     indexer_norm_eps: float = 1e-6
     attention: str = "sparse"
@@ -91,20 +66,6 @@ class GLM5Config:
                  self.indexer_scale_fmt in (None, "ue8m0"))
 
     @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def d_qk(self) -> int:
-        """Width of an MLA cache row and of the absorbed query: cat(c_kv, k_pe)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def d_v(self) -> int:
-        """Width of the latent attention output (the first d_v dims of a cache row)."""
-        return self.kv_lora_rank
-
-    @property
     def sm_scale(self) -> float:
         """qk_head_dim ** -0.5 (GLM-5: 256 ** -0.5): the scale of the *unabsorbed* head,
         which absorption leaves unchanged. Never d_qk ** -0.5."""
@@ -119,8 +80,7 @@ class GLM5Config:
     @classmethod
     def from_dims(cls, dims: presets.ModelDims, **overrides) -> "GLM5Config":
         """A config with the dimensions of a `presets.ModelDims` (e.g. `presets.GLM5`)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in dataclasses.asdict(dims).items() if k in fields}
+        values = dataclasses.asdict(dims)
         values.update(overrides)
         return cls(**values)
 
@@ -141,7 +101,7 @@ class GLM5Config:
         (1 key in 16 at 0) two correct backends would often pick different tokens; with
         GLM-5's 32 heads it practically never happens, with 16 rarely."""
         values = dict(
-            vocab_size=512, hidden_size=256, num_layers=3, num_heads=4, q_lora_rank=64,
+            name="tiny", vocab_size=512, hidden_size=256, num_layers=3, num_heads=4, q_lora_rank=64,
             kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
             index_n_heads=16, index_head_dim=32, index_topk=8, n_routed_experts=8,
             num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
