@@ -9,17 +9,17 @@ backend tries MUSA FlashMLA first). Every `supports()` declines with the library
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor
 
 from . import INDEXER_MAX_HEADS, INDEXER_MAX_QROW, MLA_MAX_DQK, MLA_MAX_DV
+from glm5_hal.vendor_backend import Verdict, first_reason
 
 _F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
 FLOATS = (_F32, _F16, _BF16)
 
-Verdict = "bool | str"
 
 KERNEL_OPS = ("silu_and_mul", "kv_cache_write", "indexer_topk", "indexer_topk_paged", "moe_permute", "moe_unpermute")
 
@@ -119,12 +119,6 @@ def no_valid_rows(q: Tensor, d_v: int, lead: tuple) -> tuple[Tensor, Tensor]:
 
 
 # -- kernel-only adapters ------------------------------------------------------------------------
-def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
-    for check in checks:
-        reason = check()
-        if reason:
-            return reason
-    return True
 
 
 def indexer_shape_declined(q: Tensor) -> str | None:
@@ -150,7 +144,7 @@ def declare_kernel_ops(backend: Any, ops: Iterable[str] = KERNEL_OPS) -> None:
 
     if "kv_cache_write" in wanted:
         def kv_cache_write_supported(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> Verdict:
-            return _first_reason(
+            return first_reason(
                 backend.kernels.missing,
                 lambda: None if cache.is_contiguous() else "the kv_cache_write kernel writes a contiguous cache")
 
@@ -160,7 +154,7 @@ def declare_kernel_ops(backend: Any, ops: Iterable[str] = KERNEL_OPS) -> None:
 
     if "indexer_topk" in wanted:
         def indexer_topk_supported(q, k, weights, k_start, k_end, topk) -> Verdict:
-            return _first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+            return first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
 
         @backend.impl("indexer_topk", dtypes=FLOATS, supports=indexer_topk_supported)
         def indexer_topk(q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor, topk: int) -> Tensor:
@@ -170,7 +164,7 @@ def declare_kernel_ops(backend: Any, ops: Iterable[str] = KERNEL_OPS) -> None:
 
     if "indexer_topk_paged" in wanted:
         def indexer_topk_paged_supported(q, k_cache, weights, block_table, context_lens, topk) -> Verdict:
-            return _first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+            return first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
 
         @backend.impl("indexer_topk_paged", dtypes=FLOATS, supports=indexer_topk_paged_supported)
         def indexer_topk_paged(q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,

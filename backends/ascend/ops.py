@@ -10,10 +10,11 @@ failing on the device. README.md has the table of what maps to what, and why.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from glm5_hal.vendor_backend import Verdict, dtype_name, first_reason
 
 if TYPE_CHECKING:
     from . import AscendBackend
@@ -57,25 +58,11 @@ OP_LIMITS = {
     "hadamard (Ascend C)": f"D a power of two in [{HADAMARD_MIN_DIM}, {HADAMARD_MAX_DIM}]",
 }
 
-Verdict = "bool | str"
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
 
 def declare(backend: "AscendBackend") -> None:
     """Declares every adapter on `backend` (closures over it: one set per instance)."""
     for family in (_declare_common, _declare_quant, _declare_dsa, _declare_moe, _declare_kv):
         family(backend)
-
-
-def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
-    for check in checks:
-        reason = check()
-        if reason:
-            return reason
-    return True
 
 
 # -- shared conversions ------------------------------------------------------------------------
@@ -126,8 +113,8 @@ def _declare_common(backend: "AscendBackend") -> None:
     def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
         if weight.dtype == x.dtype or x.dtype == _F32:
             return True
-        return (f"npu_rms_norm takes gamma in x's dtype; casting the {_name(weight.dtype)} weight to "
-                f"{_name(x.dtype)} would round it")
+        return (f"npu_rms_norm takes gamma in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
+                f"{dtype_name(x.dtype)} would round it")
 
     @backend.impl("rms_norm", dtypes=FLOATS, supports=rms_norm_supported)
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -176,7 +163,7 @@ def _declare_common(backend: "AscendBackend") -> None:
 
     def hadamard_supported(x: Tensor, scale: float) -> Verdict:
         dim = x.shape[-1]
-        return _first_reason(
+        return first_reason(
             backend.kernels.missing,
             lambda: None if HADAMARD_MIN_DIM <= dim <= HADAMARD_MAX_DIM else
             f"the Ascend C Hadamard kernel takes D in [{HADAMARD_MIN_DIM}, {HADAMARD_MAX_DIM}], got {dim}")
@@ -196,7 +183,7 @@ def _declare_common(backend: "AscendBackend") -> None:
 # -- quant -------------------------------------------------------------------------------------
 def _declare_quant(backend: "AscendBackend") -> None:
     def fp8_block_quant_supported(x: Tensor, block: int, scale_fmt: str | None) -> Verdict:
-        return _first_reason(
+        return first_reason(
             backend.fp8_declined,
             lambda: None if block == BLOCK_QUANT_COLS else
             f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, got block {block}",
@@ -541,7 +528,7 @@ def _declare_kv(backend: "AscendBackend") -> None:
         return None
 
     def indexer_k_write_supported(k, k_cache, k_scale, slot_mapping, scale_fmt) -> Verdict:
-        return _first_reason(
+        return first_reason(
             backend.fp8_declined,
             lambda: None if k.shape[1] == BLOCK_QUANT_COLS else
             f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, the key rows have "

@@ -13,10 +13,11 @@ moves on instead of the vendor op failing on the device. Semantics follow the to
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from glm5_hal.vendor_backend import Verdict, dtype_name, first_reason
 
 if TYPE_CHECKING:
     from . import CambriconBackend
@@ -57,12 +58,6 @@ OP_LIMITS = {
     "sparse_mla_decode_paged (BANG C)": f"Dqk <= {DECODE_MAX_DQK}, H <= {DECODE_MAX_HEADS}",
 }
 
-Verdict = "bool | str"
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
 
 def declare(backend: "CambriconBackend") -> None:
     """Declares every adapter on `backend` (closures over it: one set per instance)."""
@@ -76,14 +71,6 @@ def sigmoid_underflow(logits: Tensor, kernel: str) -> str | None:
         return (f"logits below {SIGMOID_MIN_LOGIT:g}: their float32 sigmoid scores underflow, and {kernel} "
                 "renormalises by a plain sum (0/0 is NaN; the contract adds 1e-20)")
     return None
-
-
-def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
-    for check in checks:
-        reason = check()
-        if reason:
-            return reason
-    return True
 
 
 # -- shared conversions ------------------------------------------------------------------------
@@ -158,8 +145,8 @@ def _declare_common(backend: "CambriconBackend") -> None:
     def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
         if weight.dtype == x.dtype or x.dtype == _F32:
             return True
-        return (f"tmo.fused_rms_norm takes gamma in x's dtype; casting the {_name(weight.dtype)} weight "
-                f"to {_name(x.dtype)} would round it")
+        return (f"tmo.fused_rms_norm takes gamma in x's dtype; casting the {dtype_name(weight.dtype)} weight "
+                f"to {dtype_name(x.dtype)} would round it")
 
     @backend.impl("rms_norm", dtypes=FLOATS, supports=rms_norm_supported)
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -209,7 +196,7 @@ def _declare_moe(backend: "CambriconBackend") -> None:
             return ("tmo.moe_softmax_topk scores an expert group by its best expert (the contract: by its "
                     "best two) and masks dropped groups with 0, not -inf")
         if score_func == "sigmoid" and norm_topk_prob:
-            return _first_reason(lambda: sigmoid_underflow(logits, "tmo.moe_sigmoid_topk"))
+            return first_reason(lambda: sigmoid_underflow(logits, "tmo.moe_sigmoid_topk"))
         return True
 
     @backend.impl("moe_route", dtypes=FLOATS, supports=route_supported)
@@ -262,7 +249,7 @@ def _declare_moe(backend: "CambriconBackend") -> None:
         return x_perm, tokens_per_expert, src
 
     def unpermute_supported(y: Tensor, src: Tensor, weights: Tensor) -> Verdict:
-        return _first_reason(lambda: repeated_slot(src, weights.shape[0] * weights.shape[1]))
+        return first_reason(lambda: repeated_slot(src, weights.shape[0] * weights.shape[1]))
 
     @backend.impl("moe_unpermute", dtypes=FLOATS, supports=unpermute_supported)
     def moe_unpermute(y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
@@ -341,7 +328,7 @@ def _declare_kv(backend: "CambriconBackend") -> None:
                 return (f"a row's amax is below {FP8_MIN_AMAX:g}: tmo.quant_to_paged_cache scales by amax/448 "
                         f"with no floor, the contract by max(amax, {FP8_MIN_AMAX:g})/448")
             return None
-        return _first_reason(
+        return first_reason(
             backend.fp8_declined,
             lambda: None if scale_fmt is None else
             f"tmo.quant_to_paged_cache writes plain amax/448 scales, not scale_fmt={scale_fmt!r}",
@@ -402,7 +389,7 @@ def _declare_dsa(backend: "CambriconBackend") -> None:
 
     def sparse_decode_supported(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v) -> Verdict:
         heads, dqk = q.shape[2], q.shape[3]
-        return _first_reason(
+        return first_reason(
             backend.kernels.missing,
             lambda: None if dqk <= DECODE_MAX_DQK else
             f"the BANG C sparse decode kernel takes Dqk <= {DECODE_MAX_DQK}, got {dqk}",

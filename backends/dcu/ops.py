@@ -16,7 +16,7 @@ README.md has the table.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -26,6 +26,7 @@ from glm5_hal.backends._cuda_dialect import adapters as kernel_adapters
 
 from . import arch
 from .runtime import lightop_function
+from glm5_hal.vendor_backend import Verdict, dtype_name, first_reason
 
 if TYPE_CHECKING:
     from . import DcuBackend
@@ -44,20 +45,6 @@ OP_LIMITS = {
                          "MI300-class GPUs)",
     **kernel_adapters.KERNEL_LIMITS,
 }
-
-Verdict = "bool | str"
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
-    for check in checks:
-        reason = check()
-        if reason:
-            return reason
-    return True
 
 
 def declare(backend: "DcuBackend") -> None:
@@ -82,11 +69,11 @@ def _lightop_declined(backend: "DcuBackend", places, what: str) -> str | None:
 # -- lightop: rms_norm, silu_and_mul -------------------------------------------------------------
 def _declare_lightop(backend: "DcuBackend") -> None:
     def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
-        return _first_reason(
+        return first_reason(
             lambda: _lightop_declined(backend, arch.LIGHTOP_RMS_NORM, "rmsnorm_forward_autograd"),
             lambda: None if weight.dtype == x.dtype else
-            f"lightop's RMSNorm takes the weight in x's dtype; casting the {_name(weight.dtype)} weight to "
-            f"{_name(x.dtype)} would round it")
+            f"lightop's RMSNorm takes the weight in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
+            f"{dtype_name(x.dtype)} would round it")
 
     @backend.impl("rms_norm", dtypes=HALVES, supports=rms_norm_supported)
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -103,7 +90,7 @@ def _declare_lightop(backend: "DcuBackend") -> None:
         kernel = backend.kernels.missing()
         if kernel is None:
             return "kernel", ""
-        lightop = lightop or f"lightop's silu_and_mul_opt is offered for bf16/fp16, not {_name(x.dtype)}"
+        lightop = lightop or f"lightop's silu_and_mul_opt is offered for bf16/fp16, not {dtype_name(x.dtype)}"
         return None, f"{lightop}; {kernel}"
 
     def silu_supported(x: Tensor) -> Verdict:
@@ -165,9 +152,9 @@ def _declare_grouped_gemm(backend: "DcuBackend") -> None:
                 b = torch.ones((1, 16, 16), dtype=x.dtype, device=x.device)
                 got = kernel_adapters.grouped_mm(torch_ns, a, b, torch.tensor([2], dtype=_I32, device=x.device))
                 verdicts[key] = None if bool((got.float() == 16).all()) else \
-                    f"torch._grouped_mm gave a wrong {_name(x.dtype)} result on this device"
+                    f"torch._grouped_mm gave a wrong {dtype_name(x.dtype)} result on this device"
             except Exception as exc:  # the device's answer is the capability
-                verdicts[key] = f"torch._grouped_mm does not run here for {_name(x.dtype)}: {type(exc).__name__}: {exc}"
+                verdicts[key] = f"torch._grouped_mm does not run here for {dtype_name(x.dtype)}: {type(exc).__name__}: {exc}"
         return verdicts[key]
 
     def grouped_gemm_supported(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:

@@ -15,12 +15,13 @@ the table.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from . import chips
+from glm5_hal.vendor_backend import Verdict, first_reason
 
 if TYPE_CHECKING:
     from . import KunlunBackend
@@ -57,8 +58,6 @@ INDEXER_DECLINED = ("the Kunlun indexer kernels (I8_paged_mqa_logits / I8_mqa_lo
                     "queries and keys; the contract's bf16/fp16/FP8 logits would change, so the backend "
                     "declines rather than quantising silently")
 
-Verdict = "bool | str"
-
 
 def declare(backend: "KunlunBackend") -> None:
     """Declares every adapter on `backend` (closures over it: one set per instance)."""
@@ -72,14 +71,6 @@ def sigmoid_underflow(logits: Tensor, kernel: str) -> str | None:
         return (f"logits below {SIGMOID_MIN_LOGIT:g}: their float32 sigmoid scores underflow, and {kernel} "
                 "renormalises by a plain sum (0/0 is NaN; the contract adds 1e-20)")
     return None
-
-
-def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
-    for check in checks:
-        reason = check()
-        if reason:
-            return reason
-    return True
 
 
 def has_op(namespace: Any, name: str) -> bool:
@@ -174,14 +165,14 @@ def _declare_moe(backend: "KunlunBackend") -> None:
                         score_func) -> Verdict:
         experts = logits.shape[1]
         if score_func == "sigmoid":
-            return _first_reason(
+            return first_reason(
                 lambda: _missing_ops(backend, "moe_sigmoid_group_topk_norm"),
                 lambda: _experts_over(experts, "moe_sigmoid_group_topk_norm"),
                 lambda: None if norm_topk_prob else
                 "moe_sigmoid_group_topk_norm always renormalises the selected weights (norm_topk_prob=False)",
                 lambda: sigmoid_underflow(logits, "moe_sigmoid_group_topk_norm"))
         kernel = "moe_softmax_topk_norm" if norm_topk_prob else "moe_softmax_topk"
-        return _first_reason(
+        return first_reason(
             lambda: _missing_ops(backend, kernel),
             lambda: _experts_over(experts, kernel),
             lambda: None if bias is None else f"{kernel} has no selection bias (no Kunlun softmax kernel takes one)",
@@ -211,7 +202,7 @@ def _declare_moe(backend: "KunlunBackend") -> None:
         return weights, ids
 
     def permute_supported(x: Tensor, ids: Tensor, num_experts: int) -> Verdict:
-        return _first_reason(
+        return first_reason(
             lambda: _missing_ops(backend, "gen_block_statistic", "moe_pre_sorted"),
             # one extra expert collects the ids the contract drops
             lambda: _experts_over(num_experts + 1, "moe_pre_sorted (with the dropped-id expert)"))
@@ -248,7 +239,7 @@ def _declare_moe(backend: "KunlunBackend") -> None:
         return x_perm, tokens_per_expert, src
 
     def unpermute_supported(y: Tensor, src: Tensor, weights: Tensor) -> Verdict:
-        return _first_reason(lambda: _missing_ops(backend, "moe_post"),
+        return first_reason(lambda: _missing_ops(backend, "moe_post"),
                              lambda: repeated_slot(src, weights.shape[0] * weights.shape[1]))
 
     @backend.impl("moe_unpermute", dtypes=FLOATS, supports=unpermute_supported)
@@ -268,7 +259,7 @@ def _declare_moe(backend: "KunlunBackend") -> None:
         return out
 
     def grouped_gemm_supported(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
-        return _first_reason(lambda: _missing_ops(backend, "moe_fc"),
+        return first_reason(lambda: _missing_ops(backend, "moe_fc"),
                              lambda: _experts_over(w.shape[0], "moe_fc"))
 
     @backend.impl("grouped_gemm", dtypes=FLOATS, supports=grouped_gemm_supported)
@@ -309,7 +300,7 @@ def _declare_kv(backend: "KunlunBackend") -> None:
         return None
 
     def gather_supported(cache: Tensor, block_table: Tensor, context_lens: Tensor) -> Verdict:
-        return _first_reason(backend.kernels.missing)
+        return first_reason(backend.kernels.missing)
 
     @backend.impl("kv_cache_gather", dtypes=FLOATS, supports=gather_supported)
     def kv_cache_gather(cache: Tensor, block_table: Tensor, context_lens: Tensor) -> Tensor:
@@ -339,7 +330,7 @@ def _declare_dsa(backend: "KunlunBackend") -> None:
 
     def sparse_decode_supported(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v) -> Verdict:
         heads, dqk = q.shape[2], q.shape[3]
-        return _first_reason(
+        return first_reason(
             backend.kernels.missing,
             lambda: None if dqk <= DECODE_MAX_DQK else
             f"the XPU sparse decode kernel takes Dqk <= {DECODE_MAX_DQK}, got {dqk}",

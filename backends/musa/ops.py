@@ -20,6 +20,7 @@ from torch import Tensor
 from glm5_hal.backends._cuda_dialect import adapters as kernel_adapters
 
 from . import arch
+from glm5_hal.vendor_backend import Verdict, dtype_name
 
 if TYPE_CHECKING:
     from . import MusaBackend
@@ -40,20 +41,6 @@ OP_LIMITS = {
                             f"of {arch.FLASH_MLA_HEAD_MULTIPLE}",
     **kernel_adapters.KERNEL_LIMITS,
 }
-
-Verdict = "bool | str"
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
-    for check in checks:
-        reason = check()
-        if reason:
-            return reason
-    return True
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -81,7 +68,7 @@ def _declare_torch_musa(backend: "MusaBackend") -> None:
         if weight.dtype == x.dtype or x.dtype == _F32:
             return True
         return (f"the fused torch.rms_norm on musa takes the weight in x's dtype; casting the "
-                f"{_name(weight.dtype)} weight to {_name(x.dtype)} would round it")
+                f"{dtype_name(weight.dtype)} weight to {dtype_name(x.dtype)} would round it")
 
     @backend.impl("rms_norm", dtypes=FLOATS, supports=rms_norm_supported)
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -142,7 +129,7 @@ def _declare_sparse_mla(backend: "MusaBackend") -> None:
         return (_generation_declined(backend, "FlashMLA sparse attention", "an MTT S5000 (mp_31, capability "
                                      "major 3)", lambda gen: gen.flash_mla_sparse)
                 or (backend.runtime.flash_mla_missing if backend.runtime.flash_mla is None else None)
-                or (None if q.dtype == _BF16 else f"flash_mla_sparse_fwd takes bfloat16 only, got {_name(q.dtype)}")
+                or (None if q.dtype == _BF16 else f"flash_mla_sparse_fwd takes bfloat16 only, got {dtype_name(q.dtype)}")
                 or (None if (dqk, d_v) == (arch.FLASH_MLA_DQK, arch.FLASH_MLA_DV) else
                     f"flash_mla_sparse_fwd needs Dqk {arch.FLASH_MLA_DQK} and d_v {arch.FLASH_MLA_DV}, got Dqk "
                     f"{dqk}, d_v {d_v}"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 from .backend import Availability, Backend
 from .vendors import VENDORS, Vendor, installed
@@ -128,3 +128,21 @@ def device_dtypes(*, bf16: bool = True, fp8: bool = False) -> frozenset:
     if fp8:
         dtypes.add(torch.float8_e4m3fn)
     return frozenset(dtypes)
+
+
+#: what an adapter's `supports(*args)` returns: True, or the reason it declines
+Verdict = "bool | str"
+
+
+def first_reason(*checks: Callable[[], "str | None"]) -> Verdict:
+    """True if every check returns no reason, else the first reason (checks run in order,
+    so a cheap check guards a costlier one)."""
+    for check in checks:
+        reason = check()
+        if reason:
+            return reason
+    return True
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
