@@ -20,32 +20,17 @@
 #include "quant.h"
 #include "vec.h"
 
+#include "check.h"
+
 using glm5::DType;
 
 namespace {
 
-int g_failures = 0;
-int g_checks = 0;
-
-#define CHECK(cond, ...)                                          \
-  do {                                                            \
-    ++g_checks;                                                   \
-    if (!(cond)) {                                                \
-      ++g_failures;                                               \
-      std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::printf(__VA_ARGS__);                                   \
-      std::printf("\n");                                          \
-    }                                                             \
-  } while (0)
-
-std::mt19937 rng(1234);
-
-float randn() {
-  static std::normal_distribution<float> n(0.0f, 1.0f);
-  return n(rng);
-}
-
-int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+using glm5_test::g_checks;
+using glm5_test::g_failures;
+using glm5_test::randint;
+using glm5_test::randn;
+using glm5_test::rng;
 
 const DType kFloats[] = {DType::F32, DType::F16, DType::BF16};
 const char* name(DType d) { return d == DType::F32 ? "f32" : d == DType::F16 ? "f16" : "bf16"; }
