@@ -3,6 +3,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h backends/_cuda_dialect/src/* backends/_cuda_dialect/include/* backends/*/csrc/*)
+# The editable install maps the package's files when it is made: a new module needs a reinstall
+# (seconds when no native source changed).
+PYTHON_SOURCES := $(shell find core backends -name '*.py' -not -path '*/__pycache__/*')
 
 .PHONY: setup conformance test clean
 
@@ -14,7 +17,7 @@ $(VENV)/.requirements: requirements/cpu.txt
 	$(PY) -m pip install -q -r requirements/cpu.txt
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.requirements $(NATIVE)
+$(VENV)/.installed: $(VENV)/.requirements $(NATIVE) $(PYTHON_SOURCES)
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $@
 

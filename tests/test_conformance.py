@@ -256,20 +256,20 @@ INPLACE = '''
 import json, types, torch
 import glm5_hal as hal
 from glm5_hal import checks as C
-from glm5_hal.registry import OpDef, define
+from glm5_hal.opdef import define
+from glm5_hal.contract import Tensor
 from glm5_hal.conformance import runner
 from glm5_hal.conformance.case import ERROR, RESULT, RESULT_OR_ERROR, Case
 from glm5_hal.conformance.compare import Exact
 
-def reference(cache, values, slots):
+def fill_rows(cache: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
     cache[slots.long()] = values.to(cache.dtype)
 
 def check_values(cache, values, slots):
     C.index_range("fill_rows", "slots", slots, 0, cache.shape[0])
 
-define(OpDef(name="fill_rows", schema="(Tensor(a!) cache, Tensor values, Tensor slots) -> ()",
-             reference=reference, check=lambda c, v, s: None, check_values=check_values,
-             fake=lambda c, v, s: None, dispatch_arg="cache"))
+define(fill_rows, args=dict(cache=Tensor("R, D"), values=Tensor("*, *"), slots=Tensor("*")),
+       check_values=check_values, fake=lambda cache, values, slots: None, mutates=("cache",))
 
 class B(hal.Backend):
     device_type, priority = "cpu", -1

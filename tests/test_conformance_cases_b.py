@@ -357,14 +357,15 @@ def test_dense_decode_without_the_causal_limit_for_mtp_is_caught(hal_state):
 
 # -- deliberately wrong backends: MoE --------------------------------------------------------
 def test_moe_route_weighting_by_biased_scores_is_caught(hal_state):
-    def biased_weights(logits, bias, top_k, n_group, topk_group, factor, norm, score_func):
-        weights, ids = ref.moe_route(logits, bias, top_k, n_group, topk_group, factor, norm, score_func)
+    def biased_weights(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob, score_func):
+        weights, ids = ref.moe_route(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob,
+                                      score_func)
         s = torch.softmax(logits.float(), -1) if score_func == "softmax" else torch.sigmoid(logits.float())
         c = s if bias is None else s + bias.float()
         w = c.gather(1, ids.long())
-        if norm:
+        if norm_topk_prob:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return w * factor, ids
+        return w * routed_scaling_factor, ids
     records = run(wrong_backend(hal_state, "biasw", moe_route=biased_weights), "moe_route", ("tiny", "glm5"))
     # one expert normalises to 1 whatever its score; no bias, no difference
     unaffected = {"t1_e1_top1", "no_bias", "tied_logits", "empty_batch"}
@@ -375,8 +376,8 @@ def test_moe_route_weighting_by_biased_scores_is_caught(hal_state):
 
 
 def test_moe_route_ignoring_the_group_limit_is_caught(hal_state):
-    def ungrouped(logits, bias, top_k, n_group, topk_group, factor, norm, score_func):
-        return ref.moe_route(logits, bias, top_k, 1, 1, factor, norm, score_func)
+    def ungrouped(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob, score_func):
+        return ref.moe_route(logits, bias, top_k, 1, 1, routed_scaling_factor, norm_topk_prob, score_func)
     records = run(wrong_backend(hal_state, "nogroups", moe_route=ungrouped), "moe_route", ("tiny", "glm5"))
     # one-expert groups keep the best topk_group experts: the limit changes nothing there
     assert_only(records, every_dtype("grouped_e16_g4_tg2_top3", op="moe_route")
@@ -391,11 +392,12 @@ def test_moe_route_weights_follow_the_ids_the_backend_chose(hal_state):
     logits = torch.logit(s.double()).float()
     bias = 1.0 - torch.sigmoid(logits.double()).float()[0]     # c = s + bias = 1 for every expert
 
-    def other_two(logits, bias, top_k, n_group, topk_group, factor, norm, score_func):
-        chosen = ref.moe_route(logits, bias, top_k, n_group, topk_group, factor, norm, score_func)[1]
+    def other_two(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob, score_func):
+        chosen = ref.moe_route(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob,
+                                      score_func)[1]
         ids = torch.tensor([[e for e in range(4) if e not in chosen[0].tolist()]], dtype=torch.int32)
         w = torch.sigmoid(logits.float()).gather(1, ids.long())
-        return w / w.sum(-1, keepdim=True) * factor, ids
+        return w / w.sum(-1, keepdim=True) * routed_scaling_factor, ids
     name = wrong_backend(hal_state, "othertwo", moe_route=other_two)
 
     def case(checks):

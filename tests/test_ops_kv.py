@@ -302,7 +302,7 @@ OPS = ["kv_cache_write", "indexer_k_cache_write", "kv_cache_gather"]
 
 @pytest.mark.parametrize("name", OPS)
 def test_opcheck(name):
-    op = hal.registry.REGISTRY.op(name).torch_op  # imports the ops first
+    op = hal.opdef.lookup(name).torch_op
     if name != "indexer_k_cache_write":
         torch.library.opcheck(op, sample_args(name))
         return
@@ -315,7 +315,7 @@ def test_opcheck(name):
 
 def test_mutating_schemas_declare_exactly_the_caches():
     for name, caches in (("kv_cache_write", {"cache"}), ("indexer_k_cache_write", {"k_cache", "k_scale"})):
-        schema = hal.registry.REGISTRY.op(name).torch_op._schema
+        schema = hal.opdef.lookup(name).torch_op._schema
         assert {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write} == caches
         assert len(schema.returns) == 0
 

@@ -27,7 +27,7 @@ _EXPORTS = {
     "unload_plugin": "glm5_hal.registry",
     "reload": "glm5_hal.registry",
     "BackendInfo": "glm5_hal.registry",
-    "Explanation": "glm5_hal.registry",
+    "Explanation": "glm5_hal.opdef",
     "FallbackWarning": "glm5_hal.registry",
     "HalError": "glm5_hal.errors",
     "InvalidInputError": "glm5_hal.errors",
@@ -36,7 +36,7 @@ _EXPORTS = {
     "PluginError": "glm5_hal.errors",
 }
 _SUBMODULES = ("backends", "ops", "presets", "vendors", "reference", "kv", "dist", "conformance", "bench", "models", "registry",
-               "plugins", "errors", "checks", "backend")
+               "plugins", "errors", "checks", "backend", "opdef", "contract")
 
 __all__ = sorted(_EXPORTS) + ["backends", "ops", "reference", "kv", "dist", "conformance",
                               "presets", "__version__"]
@@ -45,6 +45,8 @@ __all__ = sorted(_EXPORTS) + ["backends", "ops", "reference", "kv", "dist", "con
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is not None:
+        if module in ("glm5_hal.registry", "glm5_hal.opdef"):
+            importlib.import_module("glm5_hal.ops")  # the registry's queries need every op defined
         value = getattr(importlib.import_module(module), name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f"glm5_hal.{name}")

@@ -7,7 +7,8 @@ op implementations filled with the `impl` decorator. Everything else has a safe 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable
+import types
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -15,6 +16,8 @@ import torch
 SupportsFn = Callable[..., "bool | str"]
 
 ANY_DEVICE = "*"
+#: the name of the backend serving every op's reference implementation (glm5_hal.backends.reference)
+REFERENCE = "reference"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Backend:
 
     def __init__(self) -> None:
         self._impls: dict[str, Impl] = {}
+        self._impls_view = types.MappingProxyType(self._impls)
         # Per-instance copies so that declaring kernels never touches the class.
         self._availability: Availability | None = None
         self._capabilities: Capabilities | None = None
@@ -93,6 +97,8 @@ class Backend:
         """Decorator declaring `fn` as this backend's implementation of `op`.
 
         dtypes: the dtypes of the op's dispatch argument this kernel accepts (None: all).
+        The function takes exactly the op's parameters, by name and in order (as the op's
+        reference in glm5_hal.reference does); registration refuses anything else.
         supports: optional per-call predicate `supports(*args) -> True | reason`; it runs
             on every call that reaches this implementation, so keep it cheap.
         validates_values: the kernel itself checks everything the op's data-dependent
@@ -113,8 +119,9 @@ class Backend:
 
     # -- used by the registry --------------------------------------------------------
     @property
-    def impls(self) -> dict[str, Impl]:
-        return dict(self._impls)
+    def impls(self) -> Mapping[str, Impl]:
+        """op name -> Impl, read-only."""
+        return self._impls_view
 
     def availability(self) -> Availability:
         """The probe's answer, computed once (a probe that raises counts as unavailable)."""

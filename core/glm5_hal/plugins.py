@@ -19,12 +19,11 @@ from typing import Any, Callable
 
 import pluggy
 
-from .backend import Backend
+from .backend import REFERENCE, Backend
 from .errors import PluginError
 
 PROJECT = "glm5_hal"
 ENTRY_POINT_GROUP = "glm5_hal.backends"
-REFERENCE = "reference"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -85,10 +84,13 @@ class PluginOutcome:
 
 
 class PluginHost:
-    """Owns the pluggy PluginManager and turns plugins into registered backends."""
+    """Owns the pluggy PluginManager and turns plugins into registered backends.
 
-    def __init__(self, known_ops: Callable[[], set[str]]):
-        self._known_ops = known_ops
+    validate(backend): the registry's checks of a backend's implementations (known ops,
+    the ops' signatures); raises PluginError, which quarantines the plugin."""
+
+    def __init__(self, validate: Callable[[Backend], None]):
+        self._validate = validate
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(HookSpecs)
 
@@ -126,7 +128,11 @@ class PluginHost:
         names_here: set[str] = set()
 
         def register(backend: Backend) -> None:
-            _check_backend(backend, name, self._known_ops(), taken | names_here)
+            _check_backend(backend, name, taken | names_here)
+            try:
+                self._validate(backend)
+            except PluginError as exc:
+                raise PluginError(f"plugin {name!r}: {exc}") from None
             names_here.add(backend.name)
             collected.append(backend)
 
@@ -144,7 +150,7 @@ class PluginHost:
             self.pm.unregister(name=name)
 
 
-def _check_backend(backend: Any, plugin: str, known_ops: set[str], taken: set[str]) -> None:
+def _check_backend(backend: Any, plugin: str, taken: set[str]) -> None:
     where = f"plugin {plugin!r}"
     if not isinstance(backend, Backend):
         raise PluginError(f"{where}: register() expects a glm5_hal.Backend instance, "
@@ -157,13 +163,12 @@ def _check_backend(backend: Any, plugin: str, known_ops: set[str], taken: set[st
     if not isinstance(backend.priority, int) or isinstance(backend.priority, bool):
         raise PluginError(f"{where}: backend {backend.name!r}: priority must be an int, "
                           f"got {backend.priority!r}")
-    if not hasattr(backend, "_impls"):
-        raise PluginError(f"{where}: backend {backend.name!r}: Backend.__init__ was not called")
+    try:
+        backend.impls
+    except AttributeError:
+        raise PluginError(f"{where}: backend {backend.name!r}: Backend.__init__ was not called") from None
     if backend.name in taken:
         raise PluginError(f"{where}: backend name {backend.name!r} is already registered")
-    unknown = sorted(set(backend._impls) - known_ops)
-    if unknown:
-        raise PluginError(f"{where}: backend {backend.name!r} implements unknown ops {unknown}")
 
 
 def _describe(exc: BaseException, what: str) -> str:

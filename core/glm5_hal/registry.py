@@ -1,81 +1,41 @@
-"""Op definitions, backend registration and dispatch.
+"""The backend set and dispatch decisions: plugin loading, which implementation serves a
+decision key, fallback accounting, and the module-level API `glm5_hal` re-exports.
 
-Each op is an `OpDef` (schema, mandatory reference implementation, input checks, fake
-implementation) turned into a callable `Op` by `define()`. Calling an `Op`:
-
-1. under `torch.compile` (or when autograd needs it) it goes through
-   `torch.ops.glm5_hal.<op>`, whose kernel is step 2 and whose fake runs the same checks;
-2. otherwise it checks the inputs (raising `InvalidInputError`), computes the decision key
-   (device type, dtype of the dispatch argument, pinned backend, op-specific extras) and
-   looks the decision up in a per-op dict. A decision with a single unconditional
-   implementation is a direct function call; otherwise candidates are tried in order
-   (per-call `supports` predicates), the reference last.
-
-Backends of a device type are tried by descending priority; unavailable backends, missing
-ops, undeclared dtypes and dtypes outside the device's capabilities are rejected when the
-decision is made (once per key), `supports` predicates on every call. Running the reference
-while a non-reference backend for that device type is available is a *fallback*: warned
-once per (op, backend, reason), counted, and an `UnsupportedOpError` under GLM5_HAL_STRICT=1.
+Ops themselves (definition, torch binding, the per-call code) live in glm5_hal.opdef; an op
+asks this registry once per decision key (device, dtype, pinned backend, op extras) and
+caches the answer. A decision lists the candidate implementations in order: available
+backends of the key's device type by descending priority (or only the pinned backend), then
+the reference. Unavailable backends, missing ops, undeclared dtypes and dtypes outside the
+device's capabilities are rejected here, once per key; `supports` predicates run per call.
+Running the reference while a non-reference backend of that device type is available is a
+*fallback*: warned once per (op, backend, reason), counted, and an UnsupportedOpError under
+GLM5_HAL_STRICT=1.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
 import dataclasses
-import inspect
+import os
 import threading
 import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
-from .backend import ANY_DEVICE, Backend, Capabilities, Impl, describe_args
-from .errors import BackendUnavailableError, HalError, InvalidInputError, PluginError, UnsupportedOpError
-from .plugins import REFERENCE, PluginHost, PluginOutcome, Settings
+from . import opdef
+from .backend import ANY_DEVICE, REFERENCE, Backend, Capabilities, Impl
+from .errors import BackendUnavailableError, HalError, PluginError, UnsupportedOpError
+from .opdef import Decision, Explanation, Op
+from .plugins import PluginHost, PluginOutcome, Settings
 
-NAMESPACE = "glm5_hal"
+#: GLM5_HAL_CHECKS values: "default" runs value checks on CPU tensors only (reading device
+#: data would synchronise the device); "full" runs them on every device.
+CHECK_MODES = ("default", "full")
 
 
 class FallbackWarning(UserWarning):
     """The reference implementation ran although a device backend is available."""
-
-
-@dataclasses.dataclass(frozen=True)
-class OpDef:
-    """Everything the registry needs to know about one op.
-
-    name: the op name (`glm5_hal.ops.<name>`, `torch.ops.glm5_hal.<name>`).
-    schema: torch.library schema without the name, e.g. "(Tensor x, Tensor weight, float eps) -> Tensor".
-    reference: the reference implementation; its signature is the op's canonical signature.
-    check: metadata validation `check(*args)`: shapes, dtypes, devices, scalar ranges. Must
-        work on fake tensors (it also runs at trace time). Raises InvalidInputError.
-    check_values: data-dependent validation (index ranges), eager calls only; None if none.
-        Skipped on calls that go straight to an implementation declared with
-        `validates_values=True` (its kernel raises the same errors itself, before any write).
-    fake: the fake (meta) implementation, `fake(*args)` with canonical args.
-    dispatch_arg: name of the argument whose device type and dtype key the decision.
-    key_extra: optional `key_extra(*args) -> tuple` of further decision-relevant facts
-        (e.g. whether a key is an FP8 pair); must be cheap.
-    to_torch / from_torch: convert canonical args to the torch.ops schema's flat args and back
-        (only for ops with arguments a torch schema cannot express, e.g. an (fp8, scale) pair).
-    differentiable: the op has a backward. Unless `autograd` gives one, the backward is
-        the vector-Jacobian product of the reference implementation (recomputed in the
-        backward pass), so every differentiable op trains correctly on every backend.
-    autograd: optional (backward, setup_context) for torch.library.register_autograd.
-    """
-    name: str
-    schema: str
-    reference: Callable
-    check: Callable[..., None]
-    fake: Callable
-    dispatch_arg: str
-    check_values: Callable[..., None] | None = None
-    key_extra: Callable[..., tuple] | None = None
-    to_torch: Callable[..., tuple] | None = None
-    from_torch: Callable[..., tuple] | None = None
-    differentiable: bool = False
-    autograd: tuple[Callable, Callable] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,77 +53,29 @@ class BackendInfo:
     capabilities: Capabilities | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Explanation:
-    """What dispatch would do for one call (`glm5_hal.explain`)."""
-    op: str
-    args: str
-    key: tuple
-    chosen: str | None
-    rejected: tuple[tuple[str, str], ...]
-    fallback: bool
-    error: str | None = None
-
-    def __str__(self) -> str:
-        lines = [f"{self.op}({self.args})"]
-        if self.error:
-            lines.append(f"  error: {self.error}")
-        else:
-            lines.append(f"  chosen: {self.chosen}" + ("  [fallback]" if self.fallback else ""))
-        for who, why in self.rejected:
-            lines.append(f"  rejected {who}: {why}")
-        return "\n".join(lines)
-
-
-_PIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("glm5_hal_pin", default=None)
-_LIBRARY = torch.library.Library(NAMESPACE, "DEF")
-
-
 @dataclasses.dataclass
-class _Loaded:
+class Loaded:
+    """The loaded plugin state: settings, every admitted backend, what each plugin produced,
+    and the available non-reference backends of each device type, best first."""
     settings: Settings
+    full_checks: bool
     backends: dict[str, Backend]
     outcomes: list[PluginOutcome]
-    by_device: dict[str, list[Backend]]  # available non-reference backends, best first
-
-
-@dataclasses.dataclass
-class _Decision:
-    candidates: tuple[Impl, ...]        # tried in order, reference last
-    static_rejections: tuple[tuple[Backend, str], ...]  # counted as fallbacks if the reference runs
-    vendor_available: bool              # a non-reference backend of this device type is usable
-    error: str | None = None            # strict mode: the call must raise this
+    by_device: dict[str, list[Backend]]
 
 
 class Registry:
-    """The process-wide op table and backend set."""
+    """The process-wide backend set and decision maker (the ops' dispatcher)."""
 
     def __init__(self) -> None:
-        self.ops: dict[str, Op] = {}
         self._lock = threading.RLock()
-        self._loaded: _Loaded | None = None
-        self._host: PluginHost | None = None
+        self._loaded: Loaded | None = None
         self._runtime_plugins: dict[str, Any] = {}
         self._fallback_counts: collections.Counter = collections.Counter()
         self._warned: set[tuple[str, str, str]] = set()
 
-    # -- ops ---------------------------------------------------------------------------
-    def define(self, opdef: OpDef) -> "Op":
-        if opdef.name in self.ops:
-            raise HalError(f"op {opdef.name!r} defined twice")
-        op = Op(self, opdef)
-        self.ops[opdef.name] = op
-        return op
-
-    def op(self, name: str) -> "Op":
-        _ensure_ops_imported()
-        try:
-            return self.ops[name]
-        except KeyError:
-            raise UnsupportedOpError(f"unknown op {name!r}; known ops: {sorted(self.ops)}") from None
-
     # -- plugins -----------------------------------------------------------------------
-    def loaded(self) -> _Loaded:
+    def loaded(self) -> Loaded:
         loaded = self._loaded
         if loaded is None:
             with self._lock:
@@ -172,13 +84,15 @@ class Registry:
                 loaded = self._loaded
         return loaded
 
-    def _load(self) -> _Loaded:
-        _ensure_ops_imported()
+    def _load(self) -> Loaded:
         settings = Settings.from_env()
-        host = PluginHost(lambda: set(self.ops))
+        full_checks = _checks_mode() == "full"
+        host = PluginHost(validate_backend)
         outcomes: list[PluginOutcome] = []
         backends: dict[str, Backend] = {}
-        entry_points = host.entry_points()
+        # The reference plugin first: it defines every op's last resort (and imports the ops,
+        # so the other plugins' implementations are checked against the complete op table).
+        entry_points = sorted(host.entry_points(), key=lambda ep: (ep.name != REFERENCE, ep.name))
         known_names = {ep.name for ep in entry_points} | set(self._runtime_plugins)
 
         def take(outcome: PluginOutcome) -> None:
@@ -209,18 +123,16 @@ class Registry:
                 by_device[b.device_type].append(b)
         for blist in by_device.values():
             blist.sort(key=lambda b: (-b.priority, b.name))
-        self._host = host
-        return _Loaded(settings, backends, outcomes, dict(by_device))
+        return Loaded(settings, full_checks, backends, outcomes, dict(by_device))
 
     def reload(self) -> None:
         """Forget loaded plugins, decisions and counters; re-read the environment on next use."""
         with self._lock:
             self._loaded = None
-            self._host = None
             self._fallback_counts.clear()
             self._warned.clear()
-            for op in self.ops.values():
-                op._clear()
+            for op in opdef.OPS.values():
+                op.clear()
 
     def load_plugin(self, plugin: Any, name: str) -> None:
         """Register a plugin object (module, class or instance with hookimpls) at run time,
@@ -245,7 +157,7 @@ class Registry:
             rows.append(BackendInfo(
                 name=b.name, device_type=b.device_type, priority=b.priority,
                 available=avail.available, reason=avail.reason, versions=_safe_versions(b),
-                ops=tuple(sorted(b._impls)), error=None,
+                ops=tuple(sorted(b.impls)), error=None,
                 plugin=next((o.source for o in loaded.outcomes if b in o.backends), ""),
                 capabilities=b.cached_capabilities() if avail.available else None))
         for o in loaded.outcomes:
@@ -270,61 +182,78 @@ class Registry:
         avail = backend.availability()
         if not avail.available:
             raise BackendUnavailableError(f"backend {name!r} is not available: {avail.reason}")
-        token = _PIN.set(name)
-        try:
+        with opdef.pinned(name):
             yield backend
-        finally:
-            _PIN.reset(token)
 
     def fallback_stats(self) -> dict[tuple[str, str, str], int]:
         return dict(self._fallback_counts)
 
-    # -- decisions ---------------------------------------------------------------------
-    def decide(self, op: "Op", key: tuple) -> _Decision:
+    # -- decisions (opdef.Dispatcher) ----------------------------------------------------
+    def decide(self, op: Op, key: tuple) -> Decision:
         loaded = self.loaded()
-        device_type, dtype, pin = key[0], key[1], key[2]
+        device, dtype, pin = key[0], key[1], key[2]
+        device_type = device.type
         if pin is not None:
-            pinned = loaded.backends[pin]
-            considered = [] if pin == REFERENCE else [pinned]
+            considered = [] if pin == REFERENCE else [loaded.backends[pin]]
         else:
             considered = loaded.by_device.get(device_type, [])
         candidates: list[Impl] = []
         rejected: list[tuple[Backend, str]] = []
         for b in considered:
-            reason = _static_rejection(b, op.name, device_type, dtype)
+            reason = static_rejection(b, op.name, device_type, dtype)
             if reason is None:
-                candidates.append(b._impls[op.name])
+                candidates.append(b.impls[op.name])
             else:
                 rejected.append((b, reason))
         ref_backend = loaded.backends.get(REFERENCE)
-        ref = ref_backend._impls.get(op.name) if ref_backend is not None else None
+        ref = ref_backend.impls.get(op.name) if ref_backend is not None else None
         if ref is None:  # an install without the reference entry point still dispatches
-            ref = Impl(op.name, _ORPHAN_REFERENCE, op.opdef.reference, None, None)
+            ref = Impl(op.name, _ORPHAN_REFERENCE, op.reference, None, None)
         candidates.append(ref)
-        vendor = bool(considered) and any(b.availability().available and b.device_type == device_type
-                                          for b in considered)
+        vendor = any(b.device_type == device_type and b.availability().available for b in considered)
         error = None
         if loaded.settings.strict and vendor and len(candidates) == 1:
             error = _fallback_message(op.name, device_type, dtype, rejected)
-        return _Decision(tuple(candidates), tuple(rejected), vendor, error)
+        values = None
+        if op.check_values is not None and (device_type == "cpu" or loaded.full_checks):
+            values = op.check_values
+        return Decision(tuple(candidates), tuple(rejected), vendor, values, error)
 
-    def record_fallback(self, op: str, rejections: list[tuple[Backend, str]]) -> None:
+    def fallback(self, op: Op, key: tuple, decision: Decision,
+                 rejections: list[tuple[Backend, str]]) -> None:
+        if self.loaded().settings.strict:
+            raise UnsupportedOpError(decision.error or _fallback_message(
+                op.name, key[0].type, key[1], rejections))
         for backend, reason in rejections:
-            k = (op, backend.name, reason)
+            k = (op.name, backend.name, reason)
             self._fallback_counts[k] += 1
             if k not in self._warned:
                 self._warned.add(k)
-                warnings.warn(f"glm5_hal: {op} runs the reference implementation: backend "
-                              f"{backend.name!r} declined: {reason}", FallbackWarning, stacklevel=4)
+                warnings.warn(f"glm5_hal: {op.name} runs the reference implementation: backend "
+                              f"{backend.name!r} declined: {reason}", FallbackWarning, stacklevel=5)
 
 
-def _static_rejection(b: Backend, op: str, device_type: str, dtype: torch.dtype) -> str | None:
+def validate_backend(backend: Backend) -> None:
+    """A backend's implementations name known ops and take exactly the op's parameters
+    (raises PluginError; the plugin host adds the plugin's name and quarantines it)."""
+    unknown = sorted(set(backend.impls) - set(opdef.OPS))
+    if unknown:
+        raise PluginError(f"backend {backend.name!r} implements unknown ops {unknown}")
+    for name, impl in backend.impls.items():
+        why = opdef.signature_mismatch(opdef.OPS[name], impl.fn)
+        if why:
+            raise PluginError(f"backend {backend.name!r}: the implementation of {name} {why}")
+
+
+def static_rejection(b: Backend, op: str, device_type: str, dtype: torch.dtype) -> str | None:
+    """Why backend `b` cannot serve `op` for (device type, dtype) whatever the call, as
+    dispatch words it; None if it might (its `supports` predicate decides per call)."""
     if b.device_type != device_type and b.device_type != ANY_DEVICE:
         return f"takes {b.device_type} tensors, the call has {device_type} tensors"
     avail = b.availability()
     if not avail.available:
         return f"unavailable: {avail.reason}"
-    impl = b._impls.get(op)
+    impl = b.impls.get(op)
     if impl is None:
         return f"does not implement {op}"
     if impl.dtypes is not None and dtype not in impl.dtypes:
@@ -334,6 +263,13 @@ def _static_rejection(b: Backend, op: str, device_type: str, dtype: torch.dtype)
         return (f"device {caps.device_name or b.device_type} does not support {_dtype(dtype)} "
                 f"(capabilities: {_dtypes(caps.dtypes)})")
     return None
+
+
+def _checks_mode() -> str:
+    mode = os.environ.get("GLM5_HAL_CHECKS", "").strip().lower() or "default"
+    if mode not in CHECK_MODES:
+        raise HalError(f"GLM5_HAL_CHECKS: expected one of {list(CHECK_MODES)}, got {mode!r}")
+    return mode
 
 
 def _fallback_message(op: str, device_type: str, dtype: torch.dtype,
@@ -366,206 +302,8 @@ class _OrphanReference(Backend):
 
 _ORPHAN_REFERENCE = _OrphanReference()
 
-
-class Op:
-    """A callable op: the thin public functions in `glm5_hal.ops` call one of these."""
-
-    def __init__(self, registry: Registry, opdef: OpDef):
-        self.registry = registry
-        self.opdef = opdef
-        self.name = opdef.name
-        self.signature = inspect.signature(opdef.reference)
-        params = list(self.signature.parameters)
-        if opdef.dispatch_arg not in params:
-            raise HalError(f"op {opdef.name}: dispatch_arg {opdef.dispatch_arg!r} is not a parameter")
-        self._dispatch_index = params.index(opdef.dispatch_arg)
-        self._check = opdef.check
-        self._check_values = opdef.check_values
-        self._key_extra = opdef.key_extra
-        self._differentiable = opdef.differentiable or opdef.autograd is not None
-        self._direct: dict[tuple, Callable] = {}
-        self._decisions: dict[tuple, _Decision] = {}
-        self._register_torch_op()
-        self.torch_op = getattr(getattr(torch.ops, NAMESPACE), opdef.name).default
-
-    # The hot path. Keep it short: every statement here is paid on every call.
-    def __call__(self, *args: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self._via_torch(args)
-        if self._differentiable and torch.is_grad_enabled() and _needs_grad(args):
-            return self._via_torch(args)
-        return self.dispatch(args)
-
-    def dispatch(self, args: tuple) -> Any:
-        self._check(*args)
-        a = args[self._dispatch_index]
-        key = (a.device.type, a.dtype, _PIN.get())
-        if self._key_extra is not None:
-            key += self._key_extra(*args)
-        fn = self._direct.get(key)  # runs check_values first unless the kernel validates itself
-        if fn is not None:
-            return fn(*args)
-        if self._check_values is not None:
-            self._check_values(*args)
-        return self._dispatch_slow(key, args)
-
-    def _dispatch_slow(self, key: tuple, args: tuple) -> Any:
-        decision = self._decision(key)
-        impl, rejections = _select(decision, args)
-        if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
-            if self.registry.loaded().settings.strict:
-                raise UnsupportedOpError(decision.error or _fallback_message(
-                    self.name, key[0], key[1], rejections))
-            self.registry.record_fallback(self.name, rejections)
-        return impl.fn(*args)
-
-    def _decision(self, key: tuple) -> _Decision:
-        decision = self._decisions.get(key)
-        if decision is None:
-            decision = self.registry.decide(self, key)
-            first = decision.candidates[0]
-            if first.supports is None and not (decision.static_rejections and decision.vendor_available
-                                                and first.backend.name == REFERENCE):
-                fn = first.fn
-                if self._check_values is not None and not first.validates_values:
-                    fn = _values_checked(self._check_values, fn)
-                self._direct[key] = fn
-            self._decisions[key] = decision
-        return decision
-
-    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        args = tuple(bound.arguments.values())
-        described = describe_args(args)
-        try:
-            self._check(*args)
-            if self._check_values is not None:
-                self._check_values(*args)
-        except InvalidInputError as exc:
-            return Explanation(self.name, described, (), None, (), False, str(exc))
-        a = args[self._dispatch_index]
-        key = (a.device.type, a.dtype, _PIN.get())
-        if self._key_extra is not None:
-            key += self._key_extra(*args)
-        decision = self._decision(key)
-        impl, rejections = _select(decision, args)
-        fallback = impl.backend.name == REFERENCE and decision.vendor_available and bool(rejections)
-        rows = tuple((f"{b.name}.{self.name}", r) for b, r in rejections)
-        return Explanation(self.name, described, key, impl.qualname, rows, fallback,
-                           decision.error if fallback else None)
-
-    def _clear(self) -> None:
-        self._direct.clear()
-        self._decisions.clear()
-
-    # -- torch.library ------------------------------------------------------------------
-    def _via_torch(self, args: tuple) -> Any:
-        flat = self.opdef.to_torch(*args) if self.opdef.to_torch else args
-        return self.torch_op(*flat)
-
-    def _register_torch_op(self) -> None:
-        opdef = self.opdef
-        qualname = f"{NAMESPACE}::{opdef.name}"
-        if "=" in opdef.schema:
-            # torch drops trailing arguments equal to their schema default before calling
-            # the kernel, so check(*args) would see a short argument list. The Python
-            # functions keep the defaults; the schema must not have any.
-            raise HalError(f"op {opdef.name}: torch schema must not declare defaults: {opdef.schema}")
-        _LIBRARY.define(opdef.name + opdef.schema)
-        from_torch = opdef.from_torch
-
-        def kernel(*flat):
-            return self.dispatch(from_torch(*flat) if from_torch else flat)
-
-        def fake(*flat):
-            args = from_torch(*flat) if from_torch else flat
-            opdef.check(*args)
-            return opdef.fake(*args)
-
-        _LIBRARY.impl(opdef.name, kernel, "CompositeExplicitAutograd")
-        torch.library.register_fake(qualname, fake, lib=_LIBRARY)
-        if self._differentiable:
-            backward, setup_context = opdef.autograd or _reference_vjp(opdef)
-            torch.library.register_autograd(qualname, backward, setup_context=setup_context,
-                                            lib=_LIBRARY)
-
-
-def _values_checked(check_values: Callable[..., None], fn: Callable) -> Callable:
-    def checked(*args: Any) -> Any:
-        check_values(*args)
-        return fn(*args)
-    return checked
-
-
-def _select(decision: _Decision, args: tuple) -> tuple[Impl, list[tuple[Backend, str]]]:
-    """The implementation a call gets, and every rejection on the way (static ones first)."""
-    rejections = list(decision.static_rejections)
-    for impl in decision.candidates:
-        if impl.supports is None:
-            return impl, rejections
-        try:
-            verdict = impl.supports(*args)
-        except Exception as exc:
-            verdict = f"supports() raised {type(exc).__name__}: {exc}"
-        if verdict is True:
-            return impl, rejections
-        rejections.append((impl.backend, verdict if isinstance(verdict, str)
-                           else f"supports() returned {verdict!r}"))
-    raise AssertionError("the reference implementation is always the last candidate")
-
-
-def _reference_vjp(opdef: OpDef) -> tuple[Callable, Callable]:
-    """A backward for `opdef` that recomputes its reference under autograd and returns the
-    vector-Jacobian product with respect to every floating-point tensor input."""
-
-    def setup_context(ctx, inputs, output):
-        ctx.is_tensor = [isinstance(a, torch.Tensor) for a in inputs]
-        ctx.values = [None if t else a for t, a in zip(ctx.is_tensor, inputs)]
-        ctx.save_for_backward(*[a for a in inputs if isinstance(a, torch.Tensor)])
-
-    def backward(ctx, *grads):
-        saved = iter(ctx.saved_tensors)
-        flat = [next(saved) if t else v for t, v in zip(ctx.is_tensor, ctx.values)]
-        wanted = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)
-                  and a.is_floating_point() and ctx.needs_input_grad[i]]
-        result: list[Any] = [None] * len(flat)
-        if not wanted:
-            return tuple(result)
-        with torch.enable_grad():
-            for i in wanted:
-                flat[i] = flat[i].detach().requires_grad_()
-            args = opdef.from_torch(*flat) if opdef.from_torch else flat
-            out = opdef.reference(*args)
-        outs = out if isinstance(out, tuple) else (out,)
-        pairs = [(o, g) for o, g in zip(outs, grads)
-                 if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
-        if pairs:
-            got = torch.autograd.grad([o for o, _ in pairs], [flat[i] for i in wanted],
-                                      [g for _, g in pairs], allow_unused=True)
-            for i, g in zip(wanted, got):
-                result[i] = g
-        return tuple(result)
-
-    return backward, setup_context
-
-
-def _needs_grad(args: tuple) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-
-
-_OPS_IMPORTED = False
-
-
-def _ensure_ops_imported() -> None:
-    global _OPS_IMPORTED
-    if not _OPS_IMPORTED:
-        _OPS_IMPORTED = True
-        import glm5_hal.ops  # noqa: F401  (defines every op on import)
-
-
 REGISTRY = Registry()
-define = REGISTRY.define
+opdef.set_dispatcher(REGISTRY)
 
 
 # -- the module-level API re-exported by glm5_hal --------------------------------------------
@@ -587,7 +325,8 @@ def use(name: str):
 def explain(op: "str | Callable", *args: Any, **kwargs: Any) -> Explanation:
     """What dispatch would choose for `op(*args, **kwargs)`, with every rejection's reason."""
     name = op if isinstance(op, str) else getattr(op, "__name__", repr(op))
-    return REGISTRY.op(name).explain(*args, **kwargs)
+    REGISTRY.loaded()  # loading the plugins defines every op
+    return opdef.lookup(name).explain(*args, **kwargs)
 
 
 def fallback_stats() -> dict[tuple[str, str, str], int]:

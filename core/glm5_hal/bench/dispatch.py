@@ -11,29 +11,22 @@ import glm5_hal as hal
 
 from .timing import median_time
 
-DEFAULT_OPS = ("rms_norm", "silu_and_mul", "apply_rope", "hadamard_transform", "fp8_block_quant",
-               "moe_route", "moe_permute", "moe_unpermute", "kv_cache_write", "indexer_k_cache_write",
-               "kv_cache_gather", "indexer_topk_paged", "sparse_mla_decode_paged")
-
-
 def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None = None,
             repeats: int = 9, min_time: float = 0.1) -> list[dict]:
     """One row per op: the implementation dispatch chooses (under `hal.use(backend)` if
     given), its direct call time, the time through glm5_hal.ops and through torch.ops."""
-    from ..registry import REGISTRY
+    from ..opdef import lookup
     from .cases import cases
-    wanted = tuple(ops) if ops else DEFAULT_OPS
-    by_op = {}
-    for case in cases("tiny"):
-        by_op.setdefault(case.op, case)
+    by_op = {case.op: case for case in cases("tiny")}
+    wanted = tuple(ops) if ops else tuple(by_op)
     rows = []
     for op_name in wanted:
         if op_name not in by_op:
             continue
         args = by_op[op_name].make()
-        op = REGISTRY.op(op_name)
-        public = getattr(hal.ops, op_name)
-        flat = op.opdef.to_torch(*args) if op.opdef.to_torch else args
+        op = lookup(op_name)
+        public = op.public
+        flat = op.to_torch(args)
         ctx = hal.use(backend) if backend else _no_pin()
         with ctx:
             chosen = hal.explain(op_name, *args).chosen

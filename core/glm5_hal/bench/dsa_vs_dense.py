@@ -14,7 +14,7 @@ from __future__ import annotations
 import glm5_hal as hal
 
 from ..presets import GLM5, GLM5_SM_SCALE
-from .cases import BF16, F32, I32, _gen, paged, randn
+from .cases import BF16, F32, I32, paged, randn, seeded
 from .timing import median_time
 
 DEFAULT_CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536)
@@ -26,7 +26,7 @@ def sweep(contexts=DEFAULT_CONTEXTS, batch: int = 4, block_size: int = 64, repea
     hi, di = GLM5.index_n_heads, GLM5.index_head_dim
     rows = []
     for ctx in contexts:
-        g = _gen(f"dsa-{ctx}")
+        g = seeded(f"dsa-{ctx}")
         cache, table, lens = paged(g, batch, ctx, block_size, dqk)
         keys, _, _ = paged(g, batch, ctx, block_size, di, fp8=True)
         q = randn(g, (batch, 1, heads, dqk), BF16)

@@ -24,12 +24,12 @@ class BenchCase:
     the roofline percentage is taken against whichever bound is slower.
     compile_reference: False where torch.compile of the reference is impractical (minutes,
     gigabytes); the table then says so."""
-    op: str
     label: str
     make: Callable[[], tuple]
     flops: float = 0.0
     nbytes: float = 0.0
     compile_reference: bool = True
+    op: str = ""   # set by the case registry (glm5_hal.bench.cases)
 
 
 @dataclasses.dataclass

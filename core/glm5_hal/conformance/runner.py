@@ -19,7 +19,8 @@ import torch
 
 from ..backend import ANY_DEVICE
 from ..errors import HalError, InvalidInputError
-from ..registry import _static_rejection
+from ..opdef import lookup
+from ..registry import static_rejection
 from .case import ERROR as EXPECT_ERROR, RESULT, RESULT_OR_ERROR, Case, View, dtype_name
 from .compare import UPCAST_DTYPES, Context, Verdict, exact
 from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, Record
@@ -47,7 +48,6 @@ def run_item(item: Item, ref: str = "cpu") -> Record:
 def run_case(backend: str, case: Case, ref: str = "cpu") -> Record:
     """Runs `case` on `backend`'s own implementation and judges it against the reference."""
     import glm5_hal as hal
-    from ..registry import REGISTRY
 
     start = time.perf_counter()
     record = Record(backend, "", case.op, case.id, case.preset, dtype_name(case.dtype), ERROR)
@@ -66,13 +66,13 @@ def run_case(backend: str, case: Case, ref: str = "cpu") -> Record:
         # The decision's static part, as dispatch words it. Expected-error cases are rejected
         # by the op's checks before any backend runs; without this, a backend lacking the op
         # would collect passes for them.
-        declined = _static_rejection(b, case.op, b.device_type, case.dtype)
+        declined = static_rejection(b, case.op, b.device_type, case.dtype)
         if declined is not None:
             record.status, record.reason = FALLBACK, declined
             return record
         device = _device(b.device_type)
         record.device = _device_label(device)
-        op = REGISTRY.op(case.op)
+        op = lookup(case.op)
         cpu_args = case.make_inputs()
         args = _to_device(cpu_args, device)
         _judge(record, case, op, cpu_args, args, device, ref)
@@ -103,7 +103,7 @@ def _judge(record: Record, case: Case, op, cpu_args: tuple, args: tuple, device:
         raised = None
         try:
             with torch.no_grad():
-                result = op(*args)
+                result = op.public(*args)
             _sync(device)
         except InvalidInputError as exc:
             raised = exc
@@ -137,7 +137,7 @@ def _judge(record: Record, case: Case, op, cpu_args: tuple, args: tuple, device:
                 if n not in mutated and not _unmodified(a, c)]
     ref_args = _reference_inputs(cpu_args, ref)
     with torch.no_grad():
-        ref_result = op.opdef.reference(*ref_args)
+        ref_result = op.reference(*ref_args)
 
     got = functools.partial(_resolve, result=result, args=args, names=names)
     want = functools.partial(_resolve, result=ref_result, args=ref_args, names=names)
@@ -264,8 +264,7 @@ def _resolve(target: str, *, result: Any, args: Sequence, names: list[str]) -> A
 
 @functools.lru_cache(maxsize=None)
 def _mutated_names(op_name: str) -> tuple[str, ...]:
-    from ..registry import REGISTRY
-    args = REGISTRY.op(op_name).torch_op._schema.arguments
+    args = lookup(op_name).torch_op._schema.arguments
     return tuple(a.name for a in args if a.alias_info is not None and a.alias_info.is_write)
 
 

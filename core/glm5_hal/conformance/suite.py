@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import ops as _ops  # noqa: F401  (defines every op)
 from ..errors import HalError
-from ..plugins import REFERENCE
+from ..opdef import OPS
+from ..backend import REFERENCE
 from . import cases as _cases
 from .case import PRESETS, Case
 from .record import ERROR, SKIP
@@ -61,20 +63,16 @@ def resolve_backends(names: list[str] | None) -> list[str]:
 
 def resolve_ops(names: list[str] | None) -> list[str]:
     """The ops to test: `names` (checked against the registry) or every op with cases."""
-    from ..registry import REGISTRY, _ensure_ops_imported
-    _ensure_ops_imported()
     if not names:
         return _cases.ops_with_cases()
-    unknown = [n for n in names if n not in REGISTRY.ops]
+    unknown = [n for n in names if n not in OPS]
     if unknown:
-        raise HalError(f"conformance: unknown op(s) {unknown}; ops: {sorted(REGISTRY.ops)}")
+        raise HalError(f"conformance: unknown op(s) {unknown}; ops: {sorted(OPS)}")
     return list(dict.fromkeys(names))
 
 
 def ops_without_cases() -> list[str]:
-    from ..registry import REGISTRY, _ensure_ops_imported
-    _ensure_ops_imported()
-    return sorted(set(REGISTRY.ops) - set(_cases.ops_with_cases()))
+    return sorted(set(OPS) - set(_cases.ops_with_cases()))
 
 
 def resolve_presets(names: list[str] | None) -> list[str]:

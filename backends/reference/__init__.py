@@ -1,9 +1,15 @@
-"""The `reference` backend: plain-torch implementations for every op on every device,
-registered through the same entry-point group as any third-party plugin."""
+"""The `reference` backend: the plain-torch implementations in glm5_hal.reference, the
+last-resort implementation of every op on every device, registered through the same
+entry-point group as any third-party plugin (and loaded first: it defines the op table the
+other plugins are checked against)."""
 from __future__ import annotations
 
-from ..backend import ANY_DEVICE, Availability, Backend, Capabilities
-from ..plugins import REFERENCE, hookimpl
+import torch
+
+import glm5_hal.ops  # noqa: F401  (defines every op)
+from glm5_hal import Availability, Backend, Capabilities, hookimpl
+from glm5_hal.backend import ANY_DEVICE, REFERENCE
+from glm5_hal.opdef import OPS
 
 
 class ReferenceBackend(Backend):
@@ -13,10 +19,8 @@ class ReferenceBackend(Backend):
 
     def __init__(self) -> None:
         super().__init__()
-        from ..registry import REGISTRY, _ensure_ops_imported
-        _ensure_ops_imported()
-        for name, op in REGISTRY.ops.items():
-            self.impl(name)(op.opdef.reference)
+        for name, op in OPS.items():
+            self.impl(name)(op.reference)
 
     def probe(self) -> Availability:
         return Availability(True, "plain torch, any device")
@@ -24,12 +28,10 @@ class ReferenceBackend(Backend):
     def capabilities(self) -> Capabilities:
         # FP8 as a storage dtype (KV caches): plain torch copies and converts it on any device.
         # Dispatch never checks the reference's capabilities; the conformance runner does.
-        import torch
         return Capabilities(dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16,
                                               torch.float8_e4m3fn}))
 
     def versions(self) -> dict[str, str]:
-        import torch
         return {"torch": torch.__version__}
 
 

@@ -1,0 +1,458 @@
+"""What an op is: its reference implementation, input contract and fake, its torch custom op,
+and the code every call runs.
+
+`define(reference, args=..., fake=...)` is the whole definition of an op. The name,
+parameters, defaults and torch schema come from the reference's annotated signature
+(`torch.library.infer_schema`; an FP8 key pair becomes two schema arguments); the contract
+(glm5_hal.contract) is compiled into the public function, so a call runs, inline:
+
+1. under `torch.compile` (or when autograd needs it) the torch custom op
+   `torch.ops.glm5_hal.<op>`, whose kernel is steps 2-3 and whose fake checks the inputs too;
+2. the metadata checks (raising InvalidInputError), which also yield the decision key
+   (device, dtype of the first tensor argument, pinned backend, FP8-pair flags);
+3. one dict lookup for an implementation that needs nothing more per call; otherwise the
+   slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
+   per-call `supports` predicates in order, fallback accounting, the op's value checks
+   unless the chosen kernel validates values itself, then the implementation.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+import sys
+import typing
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+import torch
+
+from .backend import REFERENCE, Backend, Impl, describe_args
+from .contract import ArgSpec, Compiled, Key, Rule, Tensor, compile_contract, key_scale_name
+from .errors import HalError, InvalidInputError
+
+NAMESPACE = "glm5_hal"
+
+#: every defined op by name, in definition order
+OPS: dict[str, "Op"] = {}
+
+_PIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("glm5_hal_pin", default=None)
+_LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+
+
+@contextlib.contextmanager
+def pinned(backend: str | None) -> Iterator[None]:
+    """Dispatch in this context considers only `backend` (then the reference)."""
+    token = _PIN.set(backend)
+    try:
+        yield
+    finally:
+        _PIN.reset(token)
+
+
+def current_pin() -> str | None:
+    return _PIN.get()
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What dispatch does for one decision key, made once by the dispatcher."""
+    candidates: tuple[Impl, ...]        # tried in order, the reference last
+    static_rejections: tuple[tuple[Backend, str], ...]  # counted as fallbacks if the reference runs
+    vendor_available: bool              # a non-reference backend of this device type is usable
+    check_values: Callable[..., None] | None  # the op's value checks, when they run for this key
+    error: str | None = None            # strict mode: a fallback must raise this
+
+
+class Dispatcher(Protocol):
+    """What ops need from the registry (installed with `set_dispatcher`)."""
+
+    def decide(self, op: "Op", key: tuple) -> Decision: ...
+
+    def fallback(self, op: "Op", key: tuple, decision: Decision,
+                 rejections: list[tuple[Backend, str]]) -> None: ...
+
+
+_dispatcher: Dispatcher | None = None
+
+
+def set_dispatcher(dispatcher: Dispatcher) -> None:
+    global _dispatcher
+    _dispatcher = dispatcher
+
+
+def dispatcher() -> Dispatcher:
+    if _dispatcher is None:
+        raise HalError("no dispatcher installed: import glm5_hal.ops (or glm5_hal.registry) first")
+    return _dispatcher
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """What dispatch would do for one call (`glm5_hal.explain`)."""
+    op: str
+    args: str
+    key: tuple
+    chosen: str | None
+    rejected: tuple[tuple[str, str], ...]
+    fallback: bool
+    error: str | None = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.op}({self.args})"]
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        else:
+            lines.append(f"  chosen: {self.chosen}" + ("  [fallback]" if self.fallback else ""))
+        for who, why in self.rejected:
+            lines.append(f"  rejected {who}: {why}")
+        return "\n".join(lines)
+
+
+def define(reference: Callable, *, args: dict[str, ArgSpec], fake: Callable,
+           rules: Sequence[Rule] = (), check_values: Callable[..., None] | None = None,
+           mutates: Sequence[str] = (), differentiable: bool = False,
+           autograd: tuple[Callable, Callable] | None = None, doc: str | None = None,
+           name: str | None = None) -> Callable:
+    """Defines an op and returns its public function.
+
+    reference: the reference implementation; its name and annotated signature are the op's.
+    args, rules: the input contract (glm5_hal.contract); the first tensor argument keys dispatch.
+    fake: the fake (meta) implementation, with the reference's parameters.
+    check_values: data-dependent validation `check_values(*args)` (index ranges), raising
+        InvalidInputError before anything is written. It runs on CPU tensors, and on other
+        devices only under GLM5_HAL_CHECKS=full (reading device data would synchronise), and
+        never before an implementation declared `validates_values=True`.
+    mutates: the arguments written in place.
+    differentiable: the op has a backward; unless `autograd` gives one, it is the
+        vector-Jacobian product of the reference (recomputed in the backward pass).
+    doc: the public function's docstring: every argument's shape and dtype, and the result.
+    """
+    op = Op(name or reference.__name__, reference, args, rules, fake, check_values, mutates,
+            differentiable or autograd is not None, autograd)
+    if op.name in OPS:
+        raise HalError(f"op {op.name!r} defined twice")
+    OPS[op.name] = op
+    public = op.public
+    public.__doc__ = doc
+    public.__module__ = sys._getframe(1).f_globals.get("__name__", __name__)
+    return public
+
+
+def defined_in(module: str) -> list[str]:
+    """The names of the ops defined by `module`, in definition order (a family's __all__)."""
+    return [name for name, op in OPS.items() if op.public.__module__ == module]
+
+
+def lookup(name: str) -> "Op":
+    """The op called `name` (UnsupportedOpError naming the known ones if there is none)."""
+    try:
+        return OPS[name]
+    except KeyError:
+        from .errors import UnsupportedOpError
+        raise UnsupportedOpError(f"unknown op {name!r}; known ops: {sorted(OPS)}") from None
+
+
+class Op:
+    """One op: its definition, its torch custom op, and its dispatch state (decisions and
+    the implementations called straight from the generated public function)."""
+
+    def __init__(self, name: str, reference: Callable, args: dict[str, ArgSpec],
+                 rules: Sequence[Rule], fake: Callable, check_values: Callable[..., None] | None,
+                 mutates: Sequence[str], differentiable: bool,
+                 autograd: tuple[Callable, Callable] | None) -> None:
+        self.name = name
+        self.reference = reference
+        self.fake = fake
+        self.check_values = check_values
+        self.differentiable = differentiable
+        self.signature = inspect.signature(reference)
+        self.params = tuple(self.signature.parameters)
+        self.contract: Compiled = compile_contract(name, self.params, args, rules)
+        self.pairs = tuple(p for p in self.params if isinstance(args[p], Key))
+        self.schema = _infer_schema(name, reference, self.signature, self.pairs, mutates)
+        self._direct: dict[tuple, Callable] = {}
+        self._decisions: dict[tuple, Decision] = {}
+        self._grad_args = tuple(p for p in self.params if isinstance(args[p], (Tensor, Key)))
+        self._optional = frozenset(p for p in self.params
+                                   if isinstance(args[p], Tensor) and args[p].optional)
+        self.check, self.public, self.kernel = self._generate()
+        self._register_torch_op(mutates, autograd)
+        self.torch_op = getattr(getattr(torch.ops, NAMESPACE), name).default
+
+    # -- the generated functions -----------------------------------------------------------
+    def _generate(self) -> tuple[Callable, Callable, Callable]:
+        c = self.contract
+        params = ", ".join(self.params)
+        call = f"({params},)"
+        key = f"({c.device}, {c.dtype}, _pin()" + "".join(f", {f}" for f in c.pair_flags) + ")"
+        body = [f"    {line}" for line in c.lines]
+        decide = [f"    _key = {key}",
+                  "    _fn = _direct_get(_key)",
+                  "    if _fn is not None:",
+                  f"        return _fn({params})",
+                  f"    return _slow(_key, {call})"]
+        grad = []
+        if self.differentiable:
+            needs = " or ".join(self._requires_grad(p) for p in self._grad_args)
+            grad = [f"    if _grad_enabled() and ({needs}):", f"        return _via_torch({params})"]
+        defaults = ", ".join(_with_default(p) for p in self.signature.parameters.values())
+        flat = ", ".join(self.torch_params())
+        join = [f"    {p} = {p} if {key_scale_name(p)} is None else ({p}, {key_scale_name(p)})"
+                for p in self.pairs]
+        source = "\n".join([
+            f"def check({params}):", *body, f"    return {_key_without_pin(key)}",
+            "",
+            f"def {self.name}({defaults}):",
+            "    if _is_compiling():",
+            f"        return _via_torch({params})",
+            *body, *grad, *decide,
+            "",
+            f"def kernel({flat}):",
+            *join, *body, *decide,
+        ])
+        ns = dict(c.namespace)
+        ns.update(_is_compiling=torch.compiler.is_compiling, _grad_enabled=torch.is_grad_enabled,
+                  _pin=_PIN.get, _direct_get=self._direct.get, _slow=self.slow,
+                  _via_torch=self.via_torch)
+        ns.update({f"_default_{p.name}": p.default for p in self.signature.parameters.values()
+                   if p.default is not inspect.Parameter.empty})
+        code = compile(source, f"<glm5_hal op {self.name}>", "exec")
+        exec(code, ns)
+        self.source = source
+        public = ns[self.name]
+        public.__qualname__ = self.name
+        public.op = self
+        return ns["check"], public, ns["kernel"]
+
+    def _requires_grad(self, p: str) -> str:
+        if p in self.pairs:
+            return f"(not _pair_{p} and {p}.requires_grad)"
+        if p in self._optional:
+            return f"({p} is not None and {p}.requires_grad)"
+        return f"{p}.requires_grad"
+
+    def torch_params(self) -> list[str]:
+        """The torch schema's parameter names (an FP8 key pair is two)."""
+        out = []
+        for p in self.params:
+            out.append(p)
+            if p in self.pairs:
+                out.append(key_scale_name(p))
+        return out
+
+    # -- torch.library ------------------------------------------------------------------------
+    def to_torch(self, args: tuple) -> tuple:
+        """Canonical arguments as the torch schema's flat arguments."""
+        if not self.pairs:
+            return tuple(args)
+        flat: list[Any] = []
+        for p, a in zip(self.params, args):
+            if p in self.pairs:
+                flat.extend(a if isinstance(a, (tuple, list)) else (a, None))
+            else:
+                flat.append(a)
+        return tuple(flat)
+
+    def from_torch(self, flat: tuple) -> tuple:
+        if not self.pairs:
+            return tuple(flat)
+        args, it = [], iter(flat)
+        for p in self.params:
+            a = next(it)
+            if p in self.pairs:
+                scale = next(it)
+                a = a if scale is None else (a, scale)
+            args.append(a)
+        return tuple(args)
+
+    def via_torch(self, *args: Any) -> Any:
+        return self.torch_op(*self.to_torch(args))
+
+    def _register_torch_op(self, mutates: Sequence[str], autograd) -> None:
+        qualname = f"{NAMESPACE}::{self.name}"
+        _LIBRARY.define(self.name + self.schema)
+        _LIBRARY.impl(self.name, self.kernel, "CompositeExplicitAutograd")
+
+        def fake(*flat):
+            args = self.from_torch(flat)
+            self.check(*args)
+            return self.fake(*args)
+
+        torch.library.register_fake(qualname, fake, lib=_LIBRARY)
+        if self.differentiable:
+            backward, setup_context = autograd or _reference_vjp(self)
+            torch.library.register_autograd(qualname, backward, setup_context=setup_context,
+                                            lib=_LIBRARY)
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def slow(self, key: tuple, args: tuple) -> Any:
+        decision = self.decision(key)
+        impl, rejections = select(decision, args)
+        if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
+            dispatcher().fallback(self, key, decision, rejections)
+        if decision.check_values is not None and not impl.validates_values:
+            decision.check_values(*args)
+        return impl.fn(*args)
+
+    def decision(self, key: tuple) -> Decision:
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = dispatcher().decide(self, key)
+            first = decision.candidates[0]
+            falls_back = (first.backend.name == REFERENCE and decision.vendor_available
+                          and bool(decision.static_rejections))
+            if first.supports is None and not falls_back:
+                fn = first.fn
+                if decision.check_values is not None and not first.validates_values:
+                    fn = _values_checked(decision.check_values, fn)
+                self._direct[key] = fn
+            self._decisions[key] = decision
+        return decision
+
+    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        args = tuple(bound.arguments.values())
+        described = describe_args(args)
+        try:
+            key = self.check(*args)
+            if self.check_values is not None:
+                self.check_values(*args)
+        except InvalidInputError as exc:
+            return Explanation(self.name, described, (), None, (), False, str(exc))
+        key = (key[0], key[1], _PIN.get(), *key[2:])
+        decision = self.decision(key)
+        impl, rejections = select(decision, args)
+        fallback = impl.backend.name == REFERENCE and decision.vendor_available and bool(rejections)
+        rows = tuple((f"{b.name}.{self.name}", r) for b, r in rejections)
+        return Explanation(self.name, described, key, impl.qualname, rows, fallback,
+                           decision.error if fallback else None)
+
+    def clear(self) -> None:
+        """Forget every decision (plugins or settings changed)."""
+        self._direct.clear()
+        self._decisions.clear()
+
+    def __repr__(self) -> str:
+        return f"<glm5_hal op {self.name}{self.signature}>"
+
+
+def select(decision: Decision, args: tuple) -> tuple[Impl, list[tuple[Backend, str]]]:
+    """The implementation a call gets, and every rejection on the way (static ones first)."""
+    rejections = list(decision.static_rejections)
+    for impl in decision.candidates:
+        if impl.supports is None:
+            return impl, rejections
+        try:
+            verdict = impl.supports(*args)
+        except Exception as exc:
+            verdict = f"supports() raised {type(exc).__name__}: {exc}"
+        if verdict is True:
+            return impl, rejections
+        rejections.append((impl.backend, verdict if isinstance(verdict, str)
+                           else f"supports() returned {verdict!r}"))
+    raise AssertionError("the reference implementation is always the last candidate")
+
+
+def signature_mismatch(op: Op, fn: Callable) -> str | None:
+    """Why `fn` cannot implement `op` (None if it can): its parameters must start with the
+    op's, by name and in order (dispatch passes every argument positionally, so their
+    defaults do not matter; further parameters need defaults), or it is a plain `*args`
+    forwarder."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as exc:
+        return f"its signature cannot be read ({exc})"
+    kinds = [p.kind for p in params]
+    if kinds and kinds[0] == inspect.Parameter.VAR_POSITIONAL and all(
+            k in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for k in kinds):
+        return None
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    n = len(op.params)
+    required_extra = [p.name for p in positional[n:] + [
+        p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
+        if p.default is inspect.Parameter.empty]
+    if [p.name for p in positional[:n]] != list(op.params) or required_extra:
+        return (f"takes ({', '.join(p.name for p in params)}), the op takes ({', '.join(op.params)})")
+    return None
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _key_without_pin(key: str) -> str:
+    return key.replace(", _pin()", "")
+
+
+def _with_default(p: inspect.Parameter) -> str:
+    return p.name if p.default is inspect.Parameter.empty else f"{p.name}=_default_{p.name}"
+
+
+def _values_checked(check_values: Callable[..., None], fn: Callable) -> Callable:
+    def checked(*args: Any) -> Any:
+        check_values(*args)
+        return fn(*args)
+    return checked
+
+
+def _infer_schema(name: str, reference: Callable, signature: inspect.Signature,
+                  pairs: Sequence[str], mutates: Sequence[str]) -> str:
+    """The torch schema of `reference`'s signature, without defaults (torch drops trailing
+    arguments equal to their default before calling the kernel, so the kernel would see a
+    short argument list) and with each FP8 key pair split into `<arg>, <arg>_scale`."""
+    hints = typing.get_type_hints(reference)
+    params = []
+    for p in signature.parameters.values():
+        annotation = torch.Tensor if p.name in pairs else hints.get(p.name, p.annotation)
+        params.append(p.replace(default=inspect.Parameter.empty, annotation=annotation))
+        if p.name in pairs:
+            params.append(inspect.Parameter(key_scale_name(p.name), inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            annotation=typing.Optional[torch.Tensor]))
+    returns = hints.get("return")
+    stub = _stub(signature.replace(parameters=params,
+                                   return_annotation=None if returns is type(None) else returns))
+    try:
+        return torch.library.infer_schema(stub, mutates_args=tuple(mutates))
+    except Exception as exc:
+        raise HalError(f"op {name}: cannot infer a torch schema from the reference: {exc}") from None
+
+
+def _stub(signature: inspect.Signature) -> Callable:
+    def stub(*args: Any) -> Any:
+        raise AssertionError("schema prototype only")
+    stub.__signature__ = signature
+    return stub
+
+
+def _reference_vjp(op: Op) -> tuple[Callable, Callable]:
+    """A backward for `op` that recomputes its reference under autograd and returns the
+    vector-Jacobian product with respect to every floating-point tensor input."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.is_tensor = [isinstance(a, torch.Tensor) for a in inputs]
+        ctx.values = [None if t else a for t, a in zip(ctx.is_tensor, inputs)]
+        ctx.save_for_backward(*[a for a in inputs if isinstance(a, torch.Tensor)])
+
+    def backward(ctx, *grads):
+        saved = iter(ctx.saved_tensors)
+        flat = [next(saved) if t else v for t, v in zip(ctx.is_tensor, ctx.values)]
+        wanted = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)
+                  and a.is_floating_point() and ctx.needs_input_grad[i]]
+        result: list[Any] = [None] * len(flat)
+        if not wanted:
+            return tuple(result)
+        with torch.enable_grad():
+            for i in wanted:
+                flat[i] = flat[i].detach().requires_grad_()
+            out = op.reference(*op.from_torch(tuple(flat)))
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads)
+                 if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        if pairs:
+            got = torch.autograd.grad([o for o, _ in pairs], [flat[i] for i in wanted],
+                                      [g for _, g in pairs], allow_unused=True)
+            for i, g in zip(wanted, got):
+                result[i] = g
+        return tuple(result)
+
+    return backward, setup_context
