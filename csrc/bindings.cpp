@@ -2,6 +2,7 @@
 // (tensor.data_ptr()); every kernel runs with the GIL released. glm5::InvalidInput becomes
 // glm5_hal.errors.InvalidInputError.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "kv.h"
 #include "moe.h"
@@ -9,6 +10,7 @@
 #include "vec.h"
 #include "common_ops.h"
 #include "dsa.h"
+#include "value_checks.h"
 
 namespace py = pybind11;
 using glm5::DType;
@@ -240,4 +242,24 @@ PYBIND11_MODULE(_C, m) {
         },
         py::call_guard<py::gil_scoped_release>());
   // ---- end quant ----
+
+  // ---- value checks (glm5_hal.checks): host memory, GIL held (they take well under a microsecond) ----
+  m.def("first_outside",
+        [](uintptr_t data, int64_t n, int d, int64_t lo, int64_t hi, bool has_allowed, int64_t allowed) {
+          return glm5::first_outside(ptr<const void>(data), n, dt(d), lo, hi, has_allowed, allowed);
+        });
+  m.def("smallest_repeat", [](uintptr_t data, int64_t n, int d) {
+    return glm5::smallest_repeat(ptr<const void>(data), n, dt(d));
+  });
+  m.def("sum_of", [](uintptr_t data, int64_t n, int d) { return glm5::sum_of(ptr<const void>(data), n, dt(d)); });
+  m.def("first_bad_block",
+        [](uintptr_t table, int64_t batch, int64_t max_blocks, int64_t row_stride, uintptr_t lens, int64_t block_size,
+           int64_t num_blocks) {
+          return glm5::first_bad_block(ptr<const int32_t>(table), batch, max_blocks, row_stride,
+                                       ptr<const int32_t>(lens), block_size, num_blocks);
+        });
+  m.def("first_bad_range", [](uintptr_t start, uintptr_t end, int64_t n, int64_t num_keys) {
+    return glm5::first_bad_range(ptr<const int32_t>(start), ptr<const int32_t>(end), n, num_keys);
+  });
+  // ---- end value checks ----
 }

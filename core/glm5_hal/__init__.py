@@ -49,6 +49,8 @@ def __getattr__(name: str):
             importlib.import_module("glm5_hal.ops")  # the registry's queries need every op defined
         value = getattr(importlib.import_module(module), name)
     elif name in _SUBMODULES:
+        if name in ("opdef", "registry"):
+            importlib.import_module("glm5_hal.ops")  # their tables are only complete with every op
         value = importlib.import_module(f"glm5_hal.{name}")
     else:
         raise AttributeError(f"module 'glm5_hal' has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """Input validation helpers shared by the op definitions.
 
-Each helper raises `InvalidInputError(op, arg, expected, actual)`. They only look at
-metadata (type, dim, shape, dtype, device, strides), so they also run on fake tensors
-while tracing; data-dependent checks (index ranges) live in each op's `check_values`.
+Metadata checks (type, dim, shape, dtype, device, strides) are declared per op and compiled
+(glm5_hal.contract); the helpers here raise `InvalidInputError(op, arg, expected, actual)`
+for the few hand-written ones and serve the ops' data-dependent value checks.
 """
 from __future__ import annotations
 
@@ -98,16 +98,93 @@ def choice(op: str, arg: str, v: object, options: Sequence[object]) -> None:
         fail(op, arg, f"one of {list(options)}", repr(v))
 
 
+# -- value checks ------------------------------------------------------------------------------
+# Data-dependent, so never at trace time. Each primitive finds the first violation: natively on
+# CPU tensors (a scan of host memory, well under a microsecond), with torch ops elsewhere
+# (which reads device data: dispatch runs value checks off the CPU only under
+# GLM5_HAL_CHECKS=full).
+try:
+    from . import _C as _native
+except ImportError:  # a source tree without the extension: the torch path serves
+    _native = None
+
+_INT_CODES = {torch.int32: 4, torch.int64: 5}   # glm5::DType (csrc/core.h)
+
+
+def _host(*tensors: torch.Tensor) -> bool:
+    return _native is not None and all(t.is_cpu and t.is_contiguous() for t in tensors)
+
+
+def first_outside(t: torch.Tensor, low: int, high: int, allowed: int | None = None) -> int:
+    """Flat index of the first element of the int tensor `t` outside [low, high) other than
+    `allowed`, or -1."""
+    if t.numel() == 0:
+        return -1
+    if _host(t) and t.dtype in _INT_CODES:
+        return _native.first_outside(t.data_ptr(), t.numel(), _INT_CODES[t.dtype], low, high,
+                                     allowed is not None, 0 if allowed is None else allowed)
+    bad = (t < low) | (t >= high)
+    if allowed is not None:
+        bad &= t != allowed
+    hit = bad.flatten().nonzero()
+    return int(hit[0, 0]) if hit.numel() else -1
+
+
+def smallest_repeat(t: torch.Tensor) -> int:
+    """The smallest value >= 0 occurring more than once in the int tensor `t`, or -1."""
+    if t.numel() < 2:
+        return -1
+    if _host(t) and t.dtype in _INT_CODES:
+        return _native.smallest_repeat(t.data_ptr(), t.numel(), _INT_CODES[t.dtype])
+    used = t[t >= 0].sort().values
+    repeated = used[1:][used[1:] == used[:-1]]
+    return int(repeated[0]) if repeated.numel() else -1
+
+
+def total(t: torch.Tensor) -> int:
+    """The sum of the int tensor `t`."""
+    if _host(t) and t.dtype in _INT_CODES:
+        return _native.sum_of(t.data_ptr(), t.numel(), _INT_CODES[t.dtype])
+    return int(t.sum())
+
+
+def first_bad_block(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                    num_blocks: int) -> tuple[int, int] | None:
+    """The first (b, j) whose block holds part of [0, context_lens[b]) but whose id is outside
+    [0, num_blocks), or None. context_lens must already be in [0, max_blocks * block_size]."""
+    batch, max_blocks = block_table.shape
+    if batch == 0 or max_blocks == 0:
+        return None
+    if _host(block_table, context_lens) and block_table.dtype == context_lens.dtype == torch.int32:
+        b, j = _native.first_bad_block(block_table.data_ptr(), batch, max_blocks, max_blocks,
+                                       context_lens.data_ptr(), block_size, num_blocks)
+        return None if b < 0 else (b, j)
+    used = (context_lens.long() + block_size - 1) // block_size
+    in_use = torch.arange(max_blocks, device=block_table.device) < used.unsqueeze(-1)
+    hit = (in_use & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
+    return (int(hit[0, 0]), int(hit[0, 1])) if hit.numel() else None
+
+
+def first_bad_range(start: torch.Tensor, end: torch.Tensor, num_keys: int) -> tuple[int, int]:
+    """Key ranges 0 <= start[t] <= end[t] <= num_keys: (1, t) for the first end outside
+    [0, num_keys], else (2, t) for the first start < 0 or > end[t], else (0, -1)."""
+    if start.numel() == 0:
+        return 0, -1
+    if _host(start, end) and start.dtype == end.dtype == torch.int32:
+        return tuple(_native.first_bad_range(start.data_ptr(), end.data_ptr(), start.numel(), num_keys))
+    t = first_outside(end, 0, num_keys + 1)
+    if t >= 0:
+        return 1, t
+    hit = ((start < 0) | (start > end)).nonzero()
+    return (2, int(hit[0, 0])) if hit.numel() else (0, -1)
+
+
 def index_range(op: str, arg: str, t: torch.Tensor, low: int, high: int, *,
                 allow: Sequence[int] = ()) -> None:
-    """Every element of `t` is in [low, high) or one of `allow` (data-dependent: eager only)."""
-    if t.numel() == 0:
-        return
-    bad = (t < low) | (t >= high)
-    for v in allow:
-        bad &= t != v
-    if bool(bad.any()):
-        first = t[bad].flatten()[0].item()
+    """Every element of `t` is in [low, high) or one of `allow` (at most one value)."""
+    if len(allow) > 1:
+        raise ValueError("index_range: at most one allowed value")
+    i = first_outside(t, low, high, allow[0] if allow else None)
+    if i >= 0:
         allowed = f" (or {', '.join(map(str, allow))})" if allow else ""
-        fail(op, arg, f"values in [{low}, {high}){allowed}", f"{first} at flat index "
-             f"{int(bad.flatten().nonzero()[0].item())}")
+        fail(op, arg, f"values in [{low}, {high}){allowed}", f"{int(t.flatten()[i])} at flat index {i}")

@@ -150,7 +150,8 @@ def lookup(name: str) -> "Op":
         return OPS[name]
     except KeyError:
         from .errors import UnsupportedOpError
-        raise UnsupportedOpError(f"unknown op {name!r}; known ops: {sorted(OPS)}") from None
+        known = sorted(OPS) or "none yet (import glm5_hal.ops, which defines them)"
+        raise UnsupportedOpError(f"unknown op {name!r}; known ops: {known}") from None
 
 
 class Op:

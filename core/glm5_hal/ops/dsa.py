@@ -50,35 +50,27 @@ def _check_paging_values(op: str, cache: torch.Tensor, block_table: torch.Tensor
     num_blocks, block_size = cache.shape[0], cache.shape[1]
     max_blocks = block_table.shape[1]
     capacity = max_blocks * block_size
-    lens = context_lens.long()
-    bad = (lens < 0) | (lens > capacity)
-    if bool(bad.any()):
-        b = int(bad.nonzero()[0, 0])
+    b = C.first_outside(context_lens, 0, capacity + 1)
+    if b >= 0:
         C.fail(op, "context_lens", f"values in [0, {capacity}] (max_blocks {max_blocks} * block_size "
-               f"{block_size})", f"{int(lens[b])} for sequence {b}")
-    used = (lens + block_size - 1) // block_size
-    in_use = torch.arange(max_blocks, device=lens.device) < used.unsqueeze(-1)
-    bad = in_use & ((block_table < 0) | (block_table >= num_blocks))
-    if bool(bad.any()):
-        b, j = (int(v) for v in bad.nonzero()[0])
+               f"{block_size})", f"{int(context_lens[b])} for sequence {b}")
+    bad = C.first_bad_block(block_table, context_lens, block_size, num_blocks)
+    if bad is not None:
+        b, j = bad
         C.fail(op, "block_table", f"block ids in [0, {num_blocks}) for the blocks holding "
                f"[0, context_lens[b])", f"{int(block_table[b, j])} at [{b}, {j}] "
-               f"(context_lens[{b}] = {int(lens[b])})")
+               f"(context_lens[{b}] = {int(context_lens[b])})")
 
 
 def _check_indexer_values(op, k, k_start, k_end):
     """0 <= k_start[t] <= k_end[t] <= S."""
     num_keys = _key_values(k).shape[0]
-    start, end = k_start.long(), k_end.long()
-    bad = (end < 0) | (end > num_keys)
-    if bool(bad.any()):
-        t = int(bad.nonzero()[0, 0])
-        C.fail(op, "k_end", f"values in [0, {num_keys}] (S, the number of keys)", f"{int(end[t])} at t={t}")
-    bad = (start < 0) | (start > end)
-    if bool(bad.any()):
-        t = int(bad.nonzero()[0, 0])
+    kind, t = C.first_bad_range(k_start, k_end, num_keys)
+    if kind == 1:
+        C.fail(op, "k_end", f"values in [0, {num_keys}] (S, the number of keys)", f"{int(k_end[t])} at t={t}")
+    if kind == 2:
         C.fail(op, "k_start", "0 <= k_start[t] <= k_end[t]",
-               f"k_start[{t}] = {int(start[t])} with k_end[{t}] = {int(end[t])}")
+               f"k_start[{t}] = {int(k_start[t])} with k_end[{t}] = {int(k_end[t])}")
 
 
 # -- the indexer ------------------------------------------------------------------------------

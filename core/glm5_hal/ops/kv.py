@@ -23,11 +23,9 @@ def _check_slot_values(op: str, slot_mapping: torch.Tensor, num_slots: int) -> N
     C.index_range(op, "slot_mapping", slot_mapping, 0, num_slots, allow=(-1,))
     # Two tokens writing one slot would make the result depend on write order, which
     # backends cannot agree on: rejected rather than left unspecified.
-    used = slot_mapping[slot_mapping >= 0].sort().values
-    repeated = used[1:][used[1:] == used[:-1]]
-    if repeated.numel():
-        C.fail(op, "slot_mapping", "distinct slots (-1 may repeat)",
-               f"slot {int(repeated[0])} more than once")
+    repeated = C.smallest_repeat(slot_mapping)
+    if repeated >= 0:
+        C.fail(op, "slot_mapping", "distinct slots (-1 may repeat)", f"slot {repeated} more than once")
 
 
 kv_cache_write = define(
@@ -75,15 +73,10 @@ indexer_k_cache_write = define(
 def _check_kv_cache_gather_values(cache, block_table, context_lens):
     op = "kv_cache_gather"
     num_blocks, block_size = cache.shape[0], cache.shape[1]
-    max_blocks = block_table.shape[1]
-    C.index_range(op, "context_lens", context_lens, 0, max_blocks * block_size + 1)
-    if block_table.numel() == 0:
-        return
-    used_blocks = (context_lens.long() + block_size - 1) // block_size
-    used = torch.arange(max_blocks, device=block_table.device) < used_blocks.unsqueeze(1)
-    bad = used & ((block_table < 0) | (block_table >= num_blocks))
-    if bool(bad.any()):
-        b, j = (int(i) for i in bad.nonzero()[0])
+    C.index_range(op, "context_lens", context_lens, 0, block_table.shape[1] * block_size + 1)
+    bad = C.first_bad_block(block_table, context_lens, block_size, num_blocks)
+    if bad is not None:
+        b, j = bad
         C.fail(op, "block_table", f"block ids in [0, {num_blocks}) for the "
                f"ceil(context_lens / {block_size}) blocks in use",
                f"{int(block_table[b, j])} at [{b}, {j}] (context_lens[{b}] = {int(context_lens[b])})")

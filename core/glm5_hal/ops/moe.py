@@ -104,14 +104,13 @@ def _check_grouped_gemm_values(x, w, tokens_per_expert):
             C.fail(op, "tokens_per_expert", f"counts summing to {x.shape[0]} (the rows of 'x')",
                    "no experts")
         return
-    negative = (tokens_per_expert < 0).nonzero()
-    if negative.numel():
-        e = int(negative[0, 0])
+    e = C.first_outside(tokens_per_expert, 0, 2**31)
+    if e >= 0:
         C.fail(op, "tokens_per_expert", "counts >= 0", f"{int(tokens_per_expert[e])} for expert {e}")
-    total = int(tokens_per_expert.sum())
-    if total != x.shape[0]:
+    count = C.total(tokens_per_expert)
+    if count != x.shape[0]:
         C.fail(op, "tokens_per_expert", f"counts summing to {x.shape[0]} (the rows of 'x')",
-               f"sum {total}")
+               f"sum {count}")
 
 
 grouped_gemm = define(

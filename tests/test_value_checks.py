@@ -1,0 +1,70 @@
+"""The value-check primitives (glm5_hal.checks): the native scans used on CPU tensors agree
+with the torch formulation used on other devices, on random inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from glm5_hal import checks as C
+
+ints = st.lists(st.integers(-5, 40), max_size=40)
+
+
+def both(monkeypatch, fn, *args):
+    native = fn(*args)
+    with monkeypatch.context() as m:
+        m.setattr(C, "_native", None)
+        fallback = fn(*args)
+    return native, fallback
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=ints, dtype=st.sampled_from([torch.int32, torch.int64]), allowed=st.sampled_from([None, -1]))
+def test_first_outside(values, dtype, allowed):
+    t = torch.tensor(values, dtype=dtype)
+    expected = next((i for i, v in enumerate(values) if not (0 <= v < 30) and v != allowed), -1)
+    with pytest.MonkeyPatch.context() as m:
+        assert both(m, C.first_outside, t, 0, 30, allowed) == (expected, expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=ints)
+def test_smallest_repeat(values):
+    t = torch.tensor(values, dtype=torch.int32)
+    seen = [v for v in values if v >= 0]
+    repeats = sorted({v for v in seen if seen.count(v) > 1})
+    with pytest.MonkeyPatch.context() as m:
+        assert both(m, C.smallest_repeat, t) == ((repeats or [-1])[0],) * 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=5), ids=st.lists(st.integers(-2, 6), min_size=15, max_size=15))
+def test_first_bad_block(lens, ids):
+    batch, max_blocks, block_size, num_blocks = len(lens), 3, 4, 5
+    table = torch.tensor(ids[: batch * max_blocks], dtype=torch.int32).view(batch, max_blocks)
+    context = torch.tensor(lens, dtype=torch.int32)
+    expected = None
+    for b, n in enumerate(lens):
+        for j in range(-(-n // block_size)):
+            if expected is None and not 0 <= int(table[b, j]) < num_blocks:
+                expected = (b, j)
+    with pytest.MonkeyPatch.context() as m:
+        assert both(m, C.first_bad_block, table, context, block_size, num_blocks) == (expected, expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(-2, 9), st.integers(-2, 9)), max_size=8))
+def test_first_bad_range(pairs):
+    start = torch.tensor([p[0] for p in pairs], dtype=torch.int32)
+    end = torch.tensor([p[1] for p in pairs], dtype=torch.int32)
+    expected = next(((1, t) for t, (_, e) in enumerate(pairs) if not 0 <= e <= 7), None) or next(
+        ((2, t) for t, (s, e) in enumerate(pairs) if s < 0 or s > e), (0, -1))
+    with pytest.MonkeyPatch.context() as m:
+        assert both(m, C.first_bad_range, start, end, 7) == (expected, expected)
+
+
+def test_total_and_non_contiguous_inputs_take_the_torch_path():
+    t = torch.arange(10, dtype=torch.int32)
+    assert C.total(t) == 45 and C.total(t[::2]) == 20
+    assert C.first_outside(t[::3], 0, 6) == 2          # 6 at flat index 2 of the strided view
