@@ -2,7 +2,7 @@
 # (CPU torch pinned in requirements/cpu.txt, editable install with the native extension).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h backends/_cuda_dialect/src/* backends/_cuda_dialect/include/* backends/*/csrc/*)
+NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h core/glm5_hal/include/* backends/_cuda_dialect/src/* backends/_cuda_dialect/include/* backends/*/csrc/*)
 
 .PHONY: setup conformance test clean
 

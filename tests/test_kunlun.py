@@ -15,7 +15,7 @@ import glm5_hal as hal
 from glm5_hal import reference as ref
 from glm5_hal import vendors
 from glm5_hal.backends.kunlun import KunlunBackend, ops as xpu_ops
-from emulators.cambricon import SparseDecodeKernelStandIn
+from emulators.sparse_decode import SparseDecodeKernelStandIn
 from emulators.kunlun import KvGatherKernelStandIn, NotEmulatedError, XpuEmulator
 
 from conftest import seeded
@@ -452,7 +452,7 @@ def test_the_tiny_glm5_model_runs_on_the_emulated_backend(xpu):
 STUB_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
-int glm5_hal_xpu_sparse_mla_decode_paged(void) { return 0; }
+int glm5_hal_sparse_mla_decode_paged(void) { return 0; }
 int glm5_hal_xpu_kv_cache_gather(const void* cache, const int32_t* table, const int32_t* lens,
     const int64_t* offsets, void* out, int64_t batch, int64_t num_blocks, int64_t block_size,
     int64_t max_blocks, int64_t row_bytes, void* stream) {
