@@ -12,7 +12,7 @@ outputs. Each `supports()` checks the vendor's per-call limits and declines with
 instead of letting a kernel fail or, worse, return garbage (the MoE kernels above 512
 experts leave their outputs untouched). Semantics follow vLLM-Kunlun's
 usage and its torch equivalents (vllm_kunlun/ops/_kunlun_ops.py, ops/moe/); README.md has
-the table.
+the table. The indexer ops are not implemented (see INDEXER_NOT_SERVED).
 """
 from __future__ import annotations
 
@@ -52,13 +52,14 @@ OP_LIMITS = {
     "moe_fc": f"act=None only (the fused SWISH_GLU is wrong for M >= {chips.SWISH_GLU_BROKEN_FROM_ROWS}); "
               f"<= {chips.MOE_MAX_EXPERTS} experts",
     "xspeedgate_ops.hadamard_transform": f"D <= {chips.HADAMARD_MAX_DIM}; needs xspeedgate_ops",
-    "indexer": "int8-quantised keys and queries (I8_paged_mqa_logits): declined, not the bf16/FP8 contract",
+    "indexer": "not implemented: the Kunlun kernels score int8-quantised keys and queries (I8_paged_mqa_logits)",
     "sparse_mla_decode_paged / kv_cache_gather (XPU C++)": f"Dqk <= {_DECODE.max_dqk}, H <= {_DECODE.max_heads}",
 }
 
-INDEXER_DECLINED = ("the Kunlun indexer kernels (I8_paged_mqa_logits / I8_mqa_logits) score int8-quantised "
-                    "queries and keys; the contract's bf16/fp16/FP8 logits would change, so the backend "
-                    "declines rather than quantising silently")
+#: Why indexer_topk and indexer_topk_paged are not implemented here (they run elsewhere).
+INDEXER_NOT_SERVED = ("the Kunlun indexer kernels (I8_paged_mqa_logits / I8_mqa_logits) score int8-quantised "
+                      "queries and keys; the contract's bf16/fp16/FP8 logits would change, so the backend "
+                      "does not implement the indexer rather than quantising silently")
 
 
 def has_op(namespace: Any, name: str) -> bool:
@@ -267,27 +268,6 @@ def kv_cache_gather(backend: "KunlunBackend", cache: Tensor, block_table: Tensor
     return out
 
 
-# -- DSA ---------------------------------------------------------------------------------------
-def indexer_topk_supported(backend: "KunlunBackend", q: Tensor, k: Any, weights: Tensor, k_start: Tensor,
-                           k_end: Tensor, topk: int) -> Verdict:
-    return INDEXER_DECLINED
-
-
-def indexer_topk(backend: "KunlunBackend", q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor,
-                 topk: int) -> Tensor:
-    raise AssertionError("indexer_topk is always declined on kunlun (supports says why)")
-
-
-def indexer_topk_paged_supported(backend: "KunlunBackend", q: Tensor, k_cache: Any, weights: Tensor,
-                                 block_table: Tensor, context_lens: Tensor, topk: int) -> Verdict:
-    return INDEXER_DECLINED
-
-
-def indexer_topk_paged(backend: "KunlunBackend", q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
-                       context_lens: Tensor, topk: int) -> Tensor:
-    raise AssertionError("indexer_topk_paged is always declined on kunlun (supports says why)")
-
-
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS),
     Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS),
@@ -298,7 +278,5 @@ ADAPTERS = (
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS, supports=kv_cache_write_supported),
     Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS, supports=kv_cache_gather_supported),
-    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
-    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
     SPARSE_MLA_DECODE_PAGED,   # the XPU C++ kernel (kernels.py)
 )
