@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from glm5_hal.kernel_library import (  # noqa: F401 (DTYPE_CODE, OK, EINVAL, KernelError re-exported)
-    DTYPE_CODE, EINVAL, OK, SPARSE_MLA_DECODE, DecodeLimits, KernelError, SparseMlaDecodeLibrary, library_path,
+    DTYPE_CODE, EINVAL, OK, DecodeLimits, KernelError, SparseMlaDecodeLibrary, library_path,
     pointer as _ptr)
 
 HERE = Path(__file__).resolve().parent
