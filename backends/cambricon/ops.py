@@ -22,7 +22,7 @@ from torch import Tensor
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
 from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined,
                                      no_permuted_rows, pad_heads, permuted_in_contract_order, repeated_slot,
-                                     sigmoid_underflow, spare_expert_ids, weight_cast_declined)
+                                     sigmoid_underflow, spare_expert_ids, weight_cast_declined, write_key_rows)
 
 from .kernels import KernelLibrary
 
@@ -232,15 +232,7 @@ def kv_cache_write_supported(backend: "CambriconBackend", cache: Tensor, values:
 
 
 def kv_cache_write(backend: "CambriconBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
-    tokens, dim = values.shape
-    if tokens == 0:
-        return None
-    blocks, block_size = cache.shape[0], cache.shape[1]
-    # [T, 1, D] into [blocks, 1, block_size, D]: the contract's cache is tmo's with one head.
-    backend.runtime.tmo.reshape_paged_cache(
-        _as_bytes(values).reshape(tokens, 1, dim).contiguous(), None,
-        _as_bytes(cache).view(blocks, 1, block_size, dim), None, slot_mapping.to(_I32).contiguous())
-    return None
+    write_key_rows(backend.runtime.tmo.reshape_paged_cache, _as_bytes(cache), _as_bytes(values), slot_mapping)
 
 
 def kv_cache_gather_supported(backend: "CambriconBackend", cache: Tensor, block_table: Tensor,

@@ -24,7 +24,7 @@ from torch import Tensor
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
 from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined,
                                      no_permuted_rows, permuted_in_contract_order, repeated_slot, sigmoid_underflow,
-                                     spare_expert_ids)
+                                     spare_expert_ids, write_key_rows)
 
 from . import chips
 from .kernels import KernelLibrary
@@ -240,15 +240,7 @@ def kv_cache_write_supported(backend: "KunlunBackend", cache: Tensor, values: Te
 
 
 def kv_cache_write(backend: "KunlunBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
-    tokens, dim = values.shape
-    if tokens == 0:
-        return None
-    blocks, block_size = cache.shape[0], cache.shape[1]
-    # Key-only, one head: the MLA latent row is the whole cache row.
-    backend.runtime.kunlun_ops.reshape_and_cache(
-        values.reshape(tokens, 1, dim).contiguous(), None, cache.view(blocks, 1, block_size, dim), None,
-        slot_mapping.to(_I32).contiguous())
-    return None
+    write_key_rows(backend.runtime.kunlun_ops.reshape_and_cache, cache, values, slot_mapping)
 
 
 def kv_cache_gather_supported(backend: "KunlunBackend", cache: Tensor, block_table: Tensor,

@@ -377,6 +377,19 @@ def int32_slots_declined(cache: torch.Tensor, kernel: str) -> str | None:
     return None
 
 
+def write_key_rows(reshape_and_cache: Callable, cache: torch.Tensor, values: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """kv_cache_write through a vLLM-style `reshape_and_cache(key [T, heads, D], value,
+    key_cache [blocks, heads, block_size, D], value_cache, slots int32)`: the MLA latent row
+    is the whole cache row, so the contract's cache is the key cache of one head, no values."""
+    tokens, dim = values.shape
+    if tokens == 0:
+        return
+    reshape_and_cache(values.reshape(tokens, 1, dim).contiguous(), None,
+                      cache.view(cache.shape[0], 1, cache.shape[1], dim), None,
+                      slot_mapping.to(torch.int32).contiguous())
+
+
 def rope_angles(positions: torch.Tensor, rot: int, theta: float) -> torch.Tensor:
     """float32 [T, rot / 2]: token t's rotation angle of pair i, positions[t] * theta^(-2i/rot),
     for the vendor ops that take angles (or their cos / sin) computed by the caller."""
