@@ -150,3 +150,19 @@ def test_what_the_probe_found_is_reported():
     assert backend.versions() == {"torch_npu": "2.13.0", "bridge": "2.13.0", "chip": "new (soc 1)"}
     caps = backend.cached_capabilities()
     assert (caps.device_name, caps.dist_backend, caps.limits) == ("new", "hccl", {"devices": 4})
+
+
+# -- versioned behaviours ---------------------------------------------------------------------
+def test_a_behaviour_is_chosen_by_the_installed_version():
+    from glm5_hal.vendor_backend import Behaviour, Era
+    lse = Behaviour("lse_base", "mate", (Era((0, 2, 0), 2.0, "mate v0.2.0 a.py"),
+                                        Era((0, 2, 1), "e", "mate v0.2.1 a.py")), verified_up_to=(0, 2, 1))
+    assert lse.resolve("0.2.0") == (2.0, None)
+    assert lse.resolve("0.2.1+musa4.3") == ("e", None)
+    assert lse.resolve("0.2") == (2.0, None)
+    value, why = lse.resolve("0.3.0")
+    assert value is None and "newer than 0.2.1" in why
+    value, why = lse.resolve("0.1.9")
+    assert value is None and "older than 0.2.0" in why
+    assert lse.resolve(None) == (None, "mate is not installed")
+    assert "could not be read" in lse.resolve("dev")[1]

@@ -14,6 +14,9 @@ step being the reason:
   2. read and check the software versions                  (hook `check_versions`)
   3. count the devices                                     (hook `devices`)
   4. identify the chip                                     (hook `identify_chip`)
+  5. choose each versioned behaviour (`behaviours`: Behaviour records) from the installed
+     versions; one outside its verified range narrows the backend (the adapters depending on
+     it decline with `unverified(name)`), and the availability reason says so
 and reports capabilities and versions from what it found (hooks `chip_dtypes`,
 `chip_limits`). A vendor package supplies only these hooks.
 
@@ -65,6 +68,49 @@ class Adapter:
 
 
 @dataclasses.dataclass(frozen=True)
+class Era:
+    """From version `since` of a vendor package on, a behaviour has `value`, as read from
+    `source` (repository + path + version, or a file inside a published wheel)."""
+    since: tuple[int, ...]
+    value: Any
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """A vendor behaviour that changed between versions of `package` (a key of the probe's
+    versions): its eras, oldest first, and the newest version it was verified against. The
+    probe picks the era of the installed version; a version outside [oldest era, verified_up_to]
+    is unverified, and the adapters that depend on the behaviour decline, saying so."""
+    name: str
+    package: str
+    eras: tuple[Era, ...]
+    verified_up_to: tuple[int, ...]
+
+    def resolve(self, version: str | None) -> tuple[Any, str | None]:
+        """(value, None) for a verified version, else (None, the reason)."""
+        if version is None:
+            return None, f"{self.package} is not installed"
+        numbers = leading_numbers(version)
+        if not numbers:
+            return None, f"the {self.package} version could not be read ({version!r})"
+        oldest = self.eras[0].since
+        if _padded(numbers, oldest) < _padded(oldest, numbers):
+            return None, (f"{self.package} {version} is older than {dotted(oldest)}, the oldest version "
+                          f"{self.name} was read from")
+        newest = self.verified_up_to
+        if _padded(numbers[: len(newest)], newest) > _padded(newest, numbers):
+            return None, (f"{self.package} {version} is newer than {dotted(newest)}, the newest version "
+                          f"{self.name} was verified against")
+        era = [e for e in self.eras if _padded(e.since, numbers) <= _padded(numbers, e.since)][-1]
+        return era.value, None
+
+
+def _padded(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return a + (0,) * max(0, len(b) - len(a))
+
+
+@dataclasses.dataclass(frozen=True)
 class ChipInfo:
     """What a successful probe found."""
     device_name: str
@@ -82,6 +128,8 @@ class VendorBackend(Backend):
     vendor_name: str = ""
     priority = 100  # a vendor's own kernels come before the portable cpu backend's (10)
     adapters: tuple[Adapter, ...] = ()
+    #: the vendor behaviours chosen by installed versions (Behaviour records)
+    behaviours: tuple[Behaviour, ...] = ()
     #: the vendor constraints the adapters check (ops.OP_LIMITS), reported in capabilities().limits
     op_limits: dict = {}
     #: the capabilities().limits key reporting whether the backend's own kernels are built
@@ -102,6 +150,7 @@ class VendorBackend(Backend):
         self.emulated = runtime is not None and bool(getattr(runtime, "EMULATOR", False))
         self._runtime = runtime
         self.chip: ChipInfo | None = None
+        self.resolved: dict[str, tuple[Any, str | None]] = {}
         self.kernels = kernel_library if kernel_library is not None else self.default_kernels()
         for adapter in self.adapters:
             adapter.bind(self)
@@ -182,7 +231,21 @@ class VendorBackend(Backend):
         except Declined as declined:
             return Availability(False, str(declined))
         self.chip = chip
-        return Availability(True, chip.summary)
+        self.resolved = {b.name: b.resolve(chip.versions.get(b.package, versions.get(b.package)))
+                         for b in self.behaviours}
+        narrowed = [f"{name}: {why}" for name, (_, why) in self.resolved.items() if why]
+        return Availability(True, chip.summary + (f"; narrowed to what is verified ({'; '.join(narrowed)})"
+                                                   if narrowed else ""))
+
+    # -- versioned behaviours, for the adapters ------------------------------------------------
+    def behaviour(self, name: str) -> Any:
+        """The value of behaviour `name` for the installed version (None when unverified)."""
+        return self.resolved.get(name, (None, None))[0]
+
+    def unverified(self, name: str) -> str | None:
+        """The reason to decline a call that depends on behaviour `name`, or None."""
+        value, why = self.resolved.get(name, (None, f"behaviour {name} was not resolved (no probe yet)"))
+        return f"{name} unverified here: {why}" if why else None
 
     def check_versions(self, runtime: Any) -> dict[str, str]:
         """Reads and checks the software versions (raises Declined); returns them for versions()."""
@@ -221,6 +284,9 @@ class VendorBackend(Backend):
         if chip is None:  # only asked after a successful probe
             return Capabilities(dist_backend=self.vendor.dist_backend)
         limits = {"devices": chip.device_count, **chip.facts, **self.chip_limits(chip), **self.op_limits}
+        if self.resolved:
+            limits["versioned"] = {name: value if why is None else f"unverified: {why}"
+                                   for name, (value, why) in self.resolved.items()}
         if self.kernels is not None:
             limits[self.kernels_limit] = self.kernels.status()
         return Capabilities(dtypes=self.chip_dtypes(chip), dist_backend=self.chip_dist_backend(chip),
