@@ -10,68 +10,25 @@ from __future__ import annotations
 import torch
 
 from . import cpu
-from .ops import DTYPE_CODE, FLOATS
-
-try:
-    from glm5_hal import _C
-except ImportError:  # the probe reports it; these kernels are then never chosen
-    _C = None
-
-_FP8 = torch.float8_e4m3fn
-
-
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """`t` [R, D] with unit last stride and non-overlapping rows (copied only if not), and its
-    row stride in elements."""
-    rows, dim = t.shape
-    if (dim > 1 and t.stride(1) != 1) or (rows > 1 and t.stride(0) < dim):
-        t = t.contiguous()
-    return t, (t.stride(0) if rows > 1 else dim)
-
-
-def _pages(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """A paged cache [num_blocks, block_size, D] readable in place, with its block and row
-    strides in elements (copied only for layouts with overlapping rows or a strided last dim)."""
-    blocks, size, dim = t.shape
-    row = t.stride(1) if size > 1 else dim
-    block = t.stride(0) if blocks > 1 else (size - 1) * row + dim
-    if (dim > 1 and t.stride(2) != 1) or row < dim or block < (size - 1) * row + dim:
-        t = t.contiguous()
-        row, block = dim, size * dim
-    return t, block, row
-
-
-def _page_scales(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """FP8 scales [num_blocks, block_size] with their block and row strides."""
-    blocks, size = t.shape
-    row = t.stride(1) if size > 1 else 1
-    block = t.stride(0) if blocks > 1 else (size - 1) * row + 1
-    if row < 1 or block < (size - 1) * row + 1:
-        t = t.contiguous()
-        row, block = 1, size
-    return t, block, row
+from .native import _C, DTYPE_CODE, FLOATS, FP8, readable_page_scales, readable_pages, readable_rows, threads
 
 
 def _keys(k):
     """(values [S, D], dtype code, rows, row stride, scale pointer, scale stride, keep-alive)."""
     if isinstance(k, (tuple, list)):
         values, scale = k
-        values, stride = _rows(values)
+        values, stride = readable_rows(values)
         scale_stride = scale.stride(0) if scale.shape[0] > 1 else 1
         if scale_stride < 1:
             scale, scale_stride = scale.contiguous(), 1
-        return values, DTYPE_CODE[_FP8], values.shape[0], stride, scale.data_ptr(), scale_stride, scale
-    values, stride = _rows(k)
+        return values, DTYPE_CODE[FP8], values.shape[0], stride, scale.data_ptr(), scale_stride, scale
+    values, stride = readable_rows(k)
     return values, DTYPE_CODE[values.dtype], values.shape[0], stride, 0, 0, None
 
 
 def _paging(block_table: torch.Tensor, context_lens: torch.Tensor):
     block_table = block_table.contiguous()
     return block_table, block_table.shape[1], context_lens.contiguous()
-
-
-def _threads() -> int:
-    return torch.get_num_threads()
 
 
 @cpu.impl("indexer_logits", dtypes=FLOATS, validates_values=True)
@@ -83,7 +40,7 @@ def indexer_logits(q, k, weights, k_start, k_end):
     out = torch.empty((tokens, rows), dtype=torch.float32)
     _C.indexer_logits(out.data_ptr(), rows, q.data_ptr(), DTYPE_CODE[q.dtype], tokens, heads, dim,
                       values.data_ptr(), kcode, rows, stride, scale_ptr, scale_stride,
-                      weights.data_ptr(), k_start.data_ptr(), k_end.data_ptr(), _threads())
+                      weights.data_ptr(), k_start.data_ptr(), k_end.data_ptr(), threads())
     return out
 
 
@@ -96,7 +53,7 @@ def indexer_topk(q, k, weights, k_start, k_end, topk):
     out = torch.empty((tokens, topk), dtype=torch.int32)
     _C.indexer_topk(out.data_ptr(), topk, q.data_ptr(), DTYPE_CODE[q.dtype], tokens, heads, dim,
                     values.data_ptr(), kcode, rows, stride, scale_ptr, scale_stride,
-                    weights.data_ptr(), k_start.data_ptr(), k_end.data_ptr(), _threads())
+                    weights.data_ptr(), k_start.data_ptr(), k_end.data_ptr(), threads())
     return out
 
 
@@ -105,11 +62,11 @@ def indexer_topk_paged(q, k_cache, weights, block_table, context_lens, topk):
     q, weights = q.contiguous(), weights.contiguous()
     if isinstance(k_cache, (tuple, list)):
         cache, scale = k_cache
-        cache, block, row = _pages(cache)
-        scale, scale_block, scale_row = _page_scales(scale)
+        cache, block, row = readable_pages(cache)
+        scale, scale_block, scale_row = readable_page_scales(scale)
         scale_ptr = scale.data_ptr()
     else:
-        cache, block, row = _pages(k_cache)
+        cache, block, row = readable_pages(k_cache)
         scale, scale_ptr, scale_block, scale_row = None, 0, 0, 0
     block_table, max_blocks, context_lens = _paging(block_table, context_lens)
     batch, queries, heads, dim = q.shape
@@ -117,27 +74,27 @@ def indexer_topk_paged(q, k_cache, weights, block_table, context_lens, topk):
     _C.indexer_topk_paged(out.data_ptr(), topk, q.data_ptr(), DTYPE_CODE[q.dtype], batch, queries, heads, dim,
                           cache.data_ptr(), DTYPE_CODE[cache.dtype], cache.shape[0], cache.shape[1], block, row,
                           scale_ptr, scale_block, scale_row, weights.data_ptr(), block_table.data_ptr(),
-                          max_blocks, max_blocks, context_lens.data_ptr(), _threads())
+                          max_blocks, max_blocks, context_lens.data_ptr(), threads())
     return out
 
 
 @cpu.impl("sparse_mla_attention", dtypes=FLOATS)
 def sparse_mla_attention(q, kv, indices, sm_scale, d_v=512):
     q, indices = q.contiguous(), indices.contiguous()
-    kv, stride = _rows(kv)
+    kv, stride = readable_rows(kv)
     tokens, heads, dqk = q.shape
     out = torch.empty((tokens, heads, d_v), dtype=q.dtype)
     lse = torch.empty((tokens, heads), dtype=torch.float32)
     _C.sparse_mla_attention(out.data_ptr(), lse.data_ptr(), q.data_ptr(), DTYPE_CODE[q.dtype], tokens, heads, dqk,
                             kv.data_ptr(), kv.shape[0], stride, indices.data_ptr(), indices.shape[1],
-                            float(sm_scale), d_v, _threads())
+                            float(sm_scale), d_v, threads())
     return out, lse
 
 
 @cpu.impl("sparse_mla_decode_paged", dtypes=FLOATS, validates_values=True)
 def sparse_mla_decode_paged(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v=512):
     q, indices = q.contiguous(), indices.contiguous()
-    cache, block, row = _pages(kv_cache)
+    cache, block, row = readable_pages(kv_cache)
     block_table, max_blocks, context_lens = _paging(block_table, context_lens)
     batch, queries, heads, dqk = q.shape
     out = torch.empty((batch, queries, heads, d_v), dtype=q.dtype)
@@ -146,14 +103,14 @@ def sparse_mla_decode_paged(q, kv_cache, block_table, context_lens, indices, sm_
                                heads, dqk, cache.data_ptr(), DTYPE_CODE[cache.dtype], cache.shape[0],
                                cache.shape[1], block, row, block_table.data_ptr(), max_blocks, max_blocks,
                                context_lens.data_ptr(), indices.data_ptr(), indices.shape[2], float(sm_scale),
-                               d_v, _threads())
+                               d_v, threads())
     return out, lse
 
 
 @cpu.impl("dense_mla_decode_paged", dtypes=FLOATS, validates_values=True)
 def dense_mla_decode_paged(q, kv_cache, block_table, context_lens, sm_scale, d_v=512):
     q = q.contiguous()
-    cache, block, row = _pages(kv_cache)
+    cache, block, row = readable_pages(kv_cache)
     block_table, max_blocks, context_lens = _paging(block_table, context_lens)
     batch, queries, heads, dqk = q.shape
     out = torch.empty((batch, queries, heads, d_v), dtype=q.dtype)
@@ -161,5 +118,5 @@ def dense_mla_decode_paged(q, kv_cache, block_table, context_lens, sm_scale, d_v
     _C.dense_mla_decode_paged(out.data_ptr(), lse.data_ptr(), q.data_ptr(), DTYPE_CODE[q.dtype], batch, queries,
                               heads, dqk, cache.data_ptr(), DTYPE_CODE[cache.dtype], cache.shape[0],
                               cache.shape[1], block, row, block_table.data_ptr(), max_blocks, max_blocks,
-                              context_lens.data_ptr(), float(sm_scale), d_v, _threads())
+                              context_lens.data_ptr(), float(sm_scale), d_v, threads())
     return out, lse

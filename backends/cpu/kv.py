@@ -8,7 +8,7 @@ import torch
 from glm5_hal.ops.kv import CACHE_DTYPES
 
 from . import cpu
-from .ops import _C, DTYPE_CODE, FLOATS, _threads
+from .native import _C, DTYPE_CODE, FLOATS, threads
 
 _UE8M0 = "ue8m0"
 
@@ -25,7 +25,7 @@ def kv_cache_write(cache, values, slot_mapping):
     es = cache.element_size()
     _C.kv_cache_write(cache.data_ptr(), cache.shape[0] * cache.shape[1], dim * es, values.data_ptr(),
                       values.stride(0) * es, values.shape[0], slot_mapping.data_ptr(),
-                      DTYPE_CODE[slot_mapping.dtype], _threads())
+                      DTYPE_CODE[slot_mapping.dtype], threads())
 
 
 @cpu.impl("indexer_k_cache_write", dtypes=FLOATS, validates_values=True)
@@ -37,7 +37,7 @@ def indexer_k_cache_write(k, k_cache, k_scale, slot_mapping, scale_fmt=None):
     _C.indexer_k_cache_write(k.data_ptr(), k.shape[0], k.shape[1], k.stride(0), DTYPE_CODE[k.dtype],
                              k_cache.data_ptr(), k_scale.data_ptr(), k_cache.shape[0] * k_cache.shape[1],
                              slot_mapping.data_ptr(), DTYPE_CODE[slot_mapping.dtype],
-                             scale_fmt == _UE8M0, _threads())
+                             scale_fmt == _UE8M0, threads())
 
 
 @cpu.impl("kv_cache_gather", dtypes=CACHE_DTYPES, validates_values=True)
@@ -55,5 +55,5 @@ def kv_cache_gather(cache, block_table, context_lens):
     es = cache.element_size()
     _C.kv_cache_gather(out.data_ptr(), rows, cache.data_ptr(), num_blocks, block_size, dim * es,
                        block_table.data_ptr(), batch, max_blocks, block_table.stride(0),
-                       context_lens.data_ptr(), _threads())
+                       context_lens.data_ptr(), threads())
     return out

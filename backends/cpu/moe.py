@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu
-from .ops import _C, DTYPE_CODE, FLOATS, _threads
+from .native import _C, DTYPE_CODE, FLOATS, threads
 
 _I32 = torch.int32
 
@@ -26,7 +26,7 @@ def moe_permute(x, ids, num_experts):
     es = x.element_size()
     x_perm = torch.empty((rows, dim), dtype=x.dtype)
     _C.moe_permute_gather(x_perm.data_ptr(), x.data_ptr(), tokens, dim * es, x.stride(0) * es,
-                          src.data_ptr(), rows, k, _threads())
+                          src.data_ptr(), rows, k, threads())
     return x_perm, tokens_per_expert, src if rows == tokens * k else src[:rows]
 
 
@@ -43,7 +43,7 @@ def moe_unpermute(y, src, weights):
         weights = weights.contiguous()
     out = torch.empty((tokens, dim), dtype=y.dtype)
     _C.moe_unpermute(out.data_ptr(), y.data_ptr(), rows, dim, y.stride(0), src.data_ptr(),
-                     weights.data_ptr(), tokens, k, DTYPE_CODE[y.dtype], _threads())
+                     weights.data_ptr(), tokens, k, DTYPE_CODE[y.dtype], threads())
     return out
 
 
@@ -74,5 +74,5 @@ def moe_route(logits, bias, top_k, n_group=1, topk_group=1, routed_scaling_facto
     _C.moe_route(weights.data_ptr(), ids.data_ptr(), logits.data_ptr(), DTYPE_CODE[logits.dtype], tokens, experts,
                  logits.stride(0), 0 if bias is None else bias.data_ptr(),
                  0 if bias is None else DTYPE_CODE[bias.dtype], top_k, n_group, topk_group,
-                 routed_scaling_factor, norm_topk_prob, score_func == "softmax", _threads())
+                 routed_scaling_factor, norm_topk_prob, score_func == "softmax", threads())
     return weights, ids

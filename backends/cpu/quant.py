@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from . import cpu
-from .ops import _C, DTYPE_CODE, FLOATS, _threads, rows_view
+from .native import _C, DTYPE_CODE, FLOATS, FP8, rows_view, threads
 
-_FP8 = torch.float8_e4m3fn
 _UE8M0 = "ue8m0"
 
 
@@ -15,10 +14,10 @@ _UE8M0 = "ue8m0"
 def fp8_block_quant(x, block=128, scale_fmt=None):
     x2 = rows_view(x)
     rows, cols = x2.shape
-    q = torch.empty((rows, cols), dtype=_FP8)
+    q = torch.empty((rows, cols), dtype=FP8)
     scale = torch.empty((rows, cols // block), dtype=torch.float32)
     _C.fp8_block_quant(q.data_ptr(), scale.data_ptr(), x2.data_ptr(), rows, cols, x2.stride(0), block,
-                       scale_fmt == _UE8M0, DTYPE_CODE[x.dtype], _threads())
+                       scale_fmt == _UE8M0, DTYPE_CODE[x.dtype], threads())
     return q.view(x.shape), scale.view(*x.shape[:-1], cols // block)
 
 
@@ -28,7 +27,7 @@ def int4_fake_quant(w, group_size):
         w = w.contiguous()
     out = torch.empty(w.shape, dtype=w.dtype)
     _C.int4_quantize(out.data_ptr(), 0, 0, w.data_ptr(), w.shape[0], w.shape[1], w.stride(0), group_size,
-                     DTYPE_CODE[w.dtype], _threads())
+                     DTYPE_CODE[w.dtype], threads())
     return out
 
 
@@ -40,7 +39,7 @@ def int4_pack(w, group_size):
     packed = torch.empty((n, k // 8), dtype=torch.int32)
     scale = torch.empty((n, k // group_size), dtype=torch.float32)
     _C.int4_quantize(0, packed.data_ptr(), scale.data_ptr(), w.data_ptr(), n, k, w.stride(0), group_size,
-                     DTYPE_CODE[w.dtype], _threads())
+                     DTYPE_CODE[w.dtype], threads())
     return packed, scale
 
 
@@ -52,7 +51,7 @@ def _unpack(packed, scale, group_size):
     n, words = packed.shape
     out = torch.empty((n, 8 * words), dtype=torch.float32)
     _C.int4_unpack(out.data_ptr(), packed.data_ptr(), scale.data_ptr(), n, words, packed.stride(0), group_size,
-                   _threads())
+                   threads())
     return out
 
 
