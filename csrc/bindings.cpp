@@ -299,7 +299,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<View>(m, "View",
                    "A strided tensor as the kernels take it (csrc/view.h): data pointer, glm5::DType code, "
                    "sizes and strides in elements. Accepted wherever a kernel takes a tensor.")
-      .def(py::init([](uintptr_t data, int dtype, const std::vector<int64_t>& size, const std::vector<int64_t>& stride) {
+      .def(py::init([](uintptr_t data, int dtype, const std::vector<int64_t>& size,
+                       const std::vector<int64_t>& stride) {
              View v;
              v.data = ptr<void>(data);
              v.dtype = dt(dtype);

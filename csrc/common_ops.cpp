@@ -22,10 +22,10 @@ RowPair row_pair(const char* op, const View& out, const View& x, int64_t out_wid
   GLM5_REQUIRE(xr.cols >= 1, op, "x", "a last dim >= 1", str(xr.cols));
   GLM5_REQUIRE(xr.row_stride >= 0, op, "x", "a row stride >= 0", str(xr.row_stride));
   GLM5_REQUIRE(orow.rows == xr.rows && orow.cols == out_width, op, "out",
-          str(xr.rows) + " rows of " + str(out_width), shape_str(out));
+               str(xr.rows) + " rows of " + str(out_width), shape_str(out));
   GLM5_REQUIRE(orow.rows <= 1 || orow.row_stride >= out_width, op, "out",
-          "a row stride >= the row width " + str(out_width), str(orow.row_stride));
-  GLM5_REQUIRE(out.dtype == x.dtype, op, "out", "dtype " + dtype_name(x.dtype) + " (that of 'x')", dtype_name(out.dtype));
+               "a row stride >= the row width " + str(out_width), str(orow.row_stride));
+  require_dtype_of(out, x, op, "out", "x");
   return {xr, orow};
 }
 
@@ -101,21 +101,21 @@ void apply_rope(const View& out, const UnitLastIn& x, const DenseIn& positions, 
   GLM5_REQUIRE(x.stride[2] == 1, op, "x", "a unit stride along the last dim", str(x.stride[2]));
   const int64_t x_token_stride = x.stride[0], x_head_stride = x.stride[1];
   GLM5_REQUIRE(x_token_stride >= 0 && x_head_stride >= 0, op, "x", "strides >= 0",
-          str(x_token_stride) + ", " + str(x_head_stride));
+               str(x_token_stride) + ", " + str(x_head_stride));
   GLM5_REQUIRE(x.data != nullptr || tokens * heads == 0, op, "x", "a non-null data pointer", "null");
   require_ndim(out, 3, op, "out");
   GLM5_REQUIRE(out.size[0] == tokens && out.size[1] == heads && out.size[2] == rot_dim, op, "out",
-          "shape " + shape_str(x) + " (that of 'x')", shape_str(out));
-  GLM5_REQUIRE(out.dtype == x.dtype, op, "out", "dtype " + dtype_name(x.dtype) + " (that of 'x')", dtype_name(out.dtype));
+               "shape " + shape_str(x) + " (that of 'x')", shape_str(out));
+  require_dtype_of(out, x, op, "out", "x");
   GLM5_REQUIRE(out.stride[2] == 1, op, "out", "a unit stride along the last dim", str(out.stride[2]));
   const int64_t out_token_stride = out.stride[0], out_head_stride = out.stride[1];
   GLM5_REQUIRE(heads <= 1 || out_head_stride >= rot_dim, op, "out", "a head stride >= R", str(out_head_stride));
   GLM5_REQUIRE(tokens <= 1 || out_token_stride >= heads * rot_dim, op, "out", "a token stride >= H * R",
-          str(out_token_stride));
+               str(out_token_stride));
   GLM5_REQUIRE(out.data != nullptr || tokens * heads == 0, op, "out", "a non-null data pointer", "null");
   const DType positions_dtype = positions.dtype;
   GLM5_REQUIRE(positions_dtype == DType::I32 || positions_dtype == DType::I64, op, "positions",
-          "dtype int32 or int64", "dtype code " + str(static_cast<int>(positions_dtype)));
+               "dtype int32 or int64", "dtype code " + str(static_cast<int>(positions_dtype)));
   require_dense(positions, {tokens}, op, "positions");
   GLM5_REQUIRE(theta > 0 && std::isfinite(theta), op, "theta", "a finite number > 0", std::to_string(theta));
   const DType dtype = x.dtype;
@@ -135,8 +135,9 @@ void apply_rope(const View& out, const UnitLastIn& x, const DenseIn& positions, 
     std::vector<float> buf(static_cast<size_t>(rot_dim)), cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
-      const double pos = positions_dtype == DType::I32 ? static_cast<double>(static_cast<const int32_t*>(positions.data)[t])
-                                                       : static_cast<double>(static_cast<const int64_t*>(positions.data)[t]);
+      const double pos = positions_dtype == DType::I32
+                             ? static_cast<double>(static_cast<const int32_t*>(positions.data)[t])
+                             : static_cast<double>(static_cast<const int64_t*>(positions.data)[t]);
       for (int64_t i = 0; i < half; ++i) {
         const double angle = pos * inv_freq[i];
         cs[i] = static_cast<float>(std::cos(angle));

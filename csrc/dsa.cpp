@@ -125,7 +125,7 @@ std::string s(int64_t v) { return std::to_string(v); }
 
 void check_float_dtype(const char* op, const char* arg, DType d) {
   GLM5_REQUIRE(d == DType::F32 || d == DType::F16 || d == DType::BF16, op, arg, "dtype float32, float16 or bfloat16",
-          "dtype code " + s(static_cast<int>(d)));
+               "dtype code " + s(static_cast<int>(d)));
 }
 
 void check_ptr(const char* op, const char* arg, const void* p, bool needed) {
@@ -149,34 +149,34 @@ void check_paging(const char* op, const char* cache_arg, const DsaPagedCache& c,
                   int64_t batch, int64_t dim) {
   GLM5_REQUIRE(pg.batch == batch, op, "block_table", "batch " + s(batch) + " (the batch of 'q')", s(pg.batch));
   GLM5_REQUIRE(pg.max_blocks >= 0 && pg.block_table_stride >= pg.max_blocks, op, "block_table",
-          "max_blocks >= 0 and a row stride >= max_blocks",
-          "max_blocks " + s(pg.max_blocks) + ", stride " + s(pg.block_table_stride));
+               "max_blocks >= 0 and a row stride >= max_blocks",
+               "max_blocks " + s(pg.max_blocks) + ", stride " + s(pg.block_table_stride));
   check_ptr(op, "context_lens", pg.context_lens, batch > 0);
   check_ptr(op, "block_table", pg.block_table, batch > 0 && pg.max_blocks > 0);
   GLM5_REQUIRE(c.num_blocks >= 0, op, cache_arg, "num_blocks >= 0", s(c.num_blocks));
   GLM5_REQUIRE(c.block_size >= 1, op, cache_arg, "block_size >= 1", s(c.block_size));
   GLM5_REQUIRE(c.dim == dim, op, cache_arg, "last dim " + s(dim) + " (the head dim of 'q')", s(c.dim));
   GLM5_REQUIRE(c.row_stride >= c.dim && c.block_stride >= (c.block_size - 1) * c.row_stride + c.dim, op, cache_arg,
-          "strides of non-overlapping rows and blocks",
-          "row stride " + s(c.row_stride) + ", block stride " + s(c.block_stride));
+               "strides of non-overlapping rows and blocks",
+               "row stride " + s(c.row_stride) + ", block stride " + s(c.block_stride));
   check_ptr(op, cache_arg, c.data, c.num_blocks > 0);
   if (c.dtype == DType::F8E4M3) {
     check_ptr(op, "k_cache_scale", c.scale, c.num_blocks > 0);
     GLM5_REQUIRE(c.scale_row_stride >= 1 && c.scale_block_stride >= (c.block_size - 1) * c.scale_row_stride + 1, op,
-            "k_cache_scale", "strides of non-overlapping rows and blocks",
-            "row stride " + s(c.scale_row_stride) + ", block stride " + s(c.scale_block_stride));
+                 "k_cache_scale", "strides of non-overlapping rows and blocks",
+                 "row stride " + s(c.scale_row_stride) + ", block stride " + s(c.scale_block_stride));
   }
   const int64_t capacity = pg.max_blocks * c.block_size;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = pg.context_lens[b];
     GLM5_REQUIRE(len >= 0 && len <= capacity, op, "context_lens",
-            "values in [0, " + s(capacity) + "] (max_blocks * block_size)", s(len) + " for sequence " + s(b));
+                 "values in [0, " + s(capacity) + "] (max_blocks * block_size)", s(len) + " for sequence " + s(b));
     const int64_t used = (len + c.block_size - 1) / c.block_size;
     const int32_t* row = pg.block_table + b * pg.block_table_stride;
     for (int64_t j = 0; j < used; ++j)
       GLM5_REQUIRE(row[j] >= 0 && row[j] < c.num_blocks, op, "block_table",
-              "block ids in [0, " + s(c.num_blocks) + ") for the blocks holding [0, context_lens[b])",
-              s(row[j]) + " at [" + s(b) + ", " + s(j) + "]");
+                   "block ids in [0, " + s(c.num_blocks) + ") for the blocks holding [0, context_lens[b])",
+                   s(row[j]) + " at [" + s(b) + ", " + s(j) + "]");
   }
 }
 
@@ -470,7 +470,7 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
 
 void check_attention_scalars(const char* op, int64_t dqk, float sm_scale, int64_t d_v) {
   GLM5_REQUIRE(std::isfinite(sm_scale) && sm_scale > 0.0f, op, "sm_scale", "a finite number > 0",
-          std::to_string(sm_scale));
+               std::to_string(sm_scale));
   GLM5_REQUIRE(d_v >= 1 && d_v <= dqk, op, "d_v", "an int in [1, " + s(dqk) + "] (Dqk)", s(d_v));
 }
 
@@ -892,8 +892,8 @@ std::vector<QueryGroup> group_tokens(const std::vector<int64_t>& start, const st
 
 void check_keys(const char* op, const DsaKeys& k, DType qd, int64_t dim) {
   GLM5_REQUIRE(k.dtype == qd || k.dtype == DType::F8E4M3, op, "k",
-          std::string("dtype ") + dtype_name(qd) + " (that of 'q') or float8_e4m3fn with a scale",
-          dtype_name(k.dtype));
+               std::string("dtype ") + dtype_name(qd) + " (that of 'q') or float8_e4m3fn with a scale",
+               dtype_name(k.dtype));
   GLM5_REQUIRE(k.rows >= 0, op, "k", "rows >= 0", s(k.rows));
   GLM5_REQUIRE(k.dim == dim, op, "k", "last dim " + s(dim) + " (the head dim of 'q')", s(k.dim));
   GLM5_REQUIRE(k.row_stride >= k.dim, op, "k", "a row stride >= dim", s(k.row_stride));
@@ -933,7 +933,7 @@ DsaKeys keys_of(const char* op, const View& k, const View* k_scale) {
     require_dtype(*k_scale, DType::F32, op, "k_scale");
     require_ndim(*k_scale, 1, op, "k_scale");
     GLM5_REQUIRE(k_scale->size[0] == r.rows, op, "k_scale", "shape [" + s(r.rows) + "] (one per key row)",
-            shape_str(*k_scale));
+                 shape_str(*k_scale));
     keys.scale = static_cast<const float*>(k_scale->data);
     keys.scale_stride = r.rows > 1 ? k_scale->stride[0] : 1;
   }
@@ -954,7 +954,7 @@ DsaPagedCache paged_cache_of(const char* op, const char* arg, const View& c, con
     require_dtype(*scale, DType::F32, op, sarg);
     require_ndim(*scale, 2, op, sarg);
     GLM5_REQUIRE(scale->size[0] == blocks && scale->size[1] == size, op, sarg,
-            "shape [" + s(blocks) + ", " + s(size) + "] (num_blocks, block_size of the cache)", shape_str(*scale));
+                 "shape [" + s(blocks) + ", " + s(size) + "] (num_blocks, block_size of the cache)", shape_str(*scale));
     pc.scale = static_cast<const float*>(scale->data);
     pc.scale_row_stride = size > 1 ? scale->stride[1] : 1;
     pc.scale_block_stride = blocks > 1 ? scale->stride[0] : (size - 1) * pc.scale_row_stride + 1;
@@ -967,7 +967,7 @@ DsaPaging paging_of(const char* op, const View& block_table, const View& context
   require_ndim(block_table, 2, op, "block_table");
   const int64_t batch = block_table.size[0], max_blocks = block_table.size[1];
   GLM5_REQUIRE(max_blocks <= 1 || block_table.stride[1] == 1, op, "block_table", "a unit stride along the last dim",
-          s(block_table.stride[1]));
+               s(block_table.stride[1]));
   require_dense_of(context_lens, {batch}, DType::I32, op, "context_lens");
   return DsaPaging{static_cast<const int32_t*>(block_table.data), batch, max_blocks,
                    batch > 1 ? block_table.stride[0] : max_blocks, static_cast<const int32_t*>(context_lens.data)};
@@ -989,9 +989,9 @@ IndexerSetup indexer_setup(const char* op, const View& q, const QShape& qs, cons
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t a = k_start[t], b = k_end[t];
     GLM5_REQUIRE(b >= 0 && b <= k.rows, op, "k_end", "values in [0, " + s(k.rows) + "] (S, the number of keys)",
-            s(b) + " at t=" + s(t));
+                 s(b) + " at t=" + s(t));
     GLM5_REQUIRE(a >= 0 && a <= b, op, "k_start", "0 <= k_start[t] <= k_end[t]",
-            "k_start[" + s(t) + "] = " + s(a) + " with k_end[" + s(t) + "] = " + s(b));
+                 "k_start[" + s(t) + "] = " + s(a) + " with k_end[" + s(t) + "] = " + s(b));
     st.start[static_cast<size_t>(t)] = a;
     st.end[static_cast<size_t>(t)] = b;
   }
@@ -1013,7 +1013,7 @@ void indexer_logits(const View& out, const DenseIn& q, const DisjointIn& k, cons
   require_ndim(out, 2, op, "out");
   const Rows o = rows_of(out, op, "out");
   GLM5_REQUIRE(o.rows == qs.lead && o.cols == keys.rows, op, "out", "shape [" + s(qs.lead) + ", " + s(keys.rows) + "]",
-          shape_str(out));
+               shape_str(out));
   GLM5_REQUIRE(o.rows <= 1 || o.row_stride >= keys.rows, op, "out", "a row stride >= S", s(o.row_stride));
   st.logits = static_cast<float*>(o.data);
   st.logits_stride = o.row_stride;
@@ -1041,7 +1041,8 @@ void indexer_topk(const View& out, const DenseIn& q, const DisjointIn& k, const 
 }
 
 void indexer_topk_paged(const View& out, const DenseIn& q, const DisjointIn& k_cache, const ScalesIn* k_cache_scale,
-                        const DenseIn& weights, const DisjointIn& block_table, const DenseIn& context_lens, int num_threads) {
+                        const DenseIn& weights, const DisjointIn& block_table, const DenseIn& context_lens,
+                        int num_threads) {
   const char* op = "indexer_topk_paged";
   require_ndim(out, 3, op, "out");
   const int64_t topk = out.size[2];
@@ -1051,7 +1052,8 @@ void indexer_topk_paged(const View& out, const DenseIn& q, const DisjointIn& k_c
   GLM5_REQUIRE(queries >= 1, op, "q", "N >= 1 queries per sequence", s(queries));
   const DsaPagedCache cache = paged_cache_of(op, "k_cache", k_cache, k_cache_scale);
   GLM5_REQUIRE(cache.dtype == q.dtype || cache.dtype == DType::F8E4M3, op, "k_cache",
-          "dtype " + dtype_name(q.dtype) + " (that of 'q') or float8_e4m3fn with a scale", dtype_name(cache.dtype));
+               "dtype " + dtype_name(q.dtype) + " (that of 'q') or float8_e4m3fn with a scale",
+               dtype_name(cache.dtype));
   const DsaPaging paging = paging_of(op, block_table, context_lens);
   check_paging(op, "k_cache", cache, paging, batch, dim);
   require_dense_of(weights, {batch, queries, heads}, DType::F32, op, "weights");
@@ -1084,7 +1086,7 @@ void sparse_mla_attention(const View& out, const View& lse, const DenseIn& q, co
   check_attention_scalars(op, dqk, sm_scale, d_v);
   require_ndim(kv, 2, op, "kv");
   const Rows rows_kv = rows_of(kv, op, "kv");
-  GLM5_REQUIRE(kv.dtype == q.dtype, op, "kv", "dtype " + dtype_name(q.dtype) + " (that of 'q')", dtype_name(kv.dtype));
+  require_dtype_of(kv, q, op, "kv", "q");
   GLM5_REQUIRE(rows_kv.cols == dqk, op, "kv", "rows of Dqk = " + s(dqk) + " (that of 'q')", s(rows_kv.cols));
   GLM5_REQUIRE(rows_kv.row_stride >= dqk, op, "kv", "a row stride >= Dqk", s(rows_kv.row_stride));
   require_ndim(indices, 2, op, "indices");
@@ -1119,8 +1121,7 @@ PagedAttention paged_attention(const char* op, const View& out, const View& lse,
   const int64_t d_v = out.size[3];
   check_attention_scalars(op, qs.dim, sm_scale, d_v);
   const DsaPagedCache cache = paged_cache_of(op, "kv_cache", kv_cache, nullptr);
-  GLM5_REQUIRE(cache.dtype == q.dtype, op, "kv_cache", "dtype " + dtype_name(q.dtype) + " (that of 'q')",
-          dtype_name(cache.dtype));
+  require_dtype_of(kv_cache, q, op, "kv_cache", "q");
   const DsaPaging paging = paging_of(op, block_table, context_lens);
   check_paging(op, "kv_cache", cache, paging, batch, qs.dim);
   require_dense_of(out, {batch, queries, qs.heads, d_v}, q.dtype, op, "out");
@@ -1148,7 +1149,8 @@ void sparse_mla_decode_paged(const View& out, const View& lse, const DenseIn& q,
 }
 
 void dense_mla_decode_paged(const View& out, const View& lse, const DenseIn& q, const DisjointIn& kv_cache,
-                            const DisjointIn& block_table, const DenseIn& context_lens, float sm_scale, int num_threads) {
+                            const DisjointIn& block_table, const DenseIn& context_lens, float sm_scale,
+                            int num_threads) {
   const char* op = "dense_mla_decode_paged";
   const PagedAttention pa = paged_attention(op, out, lse, q, kv_cache, block_table, context_lens, sm_scale);
   const AttnSetup st{op, q.data, q.dtype, pa.qs.lead * pa.queries, pa.qs.heads, pa.qs.dim, pa.d_v, sm_scale,

@@ -33,7 +33,8 @@ void indexer_topk(const View& out, const DenseIn& q, const DisjointIn& k, const 
 // [0, context_lens[b] - N + i + 1). q [B, N, H, D], weights float32 [B, N, H], k_cache of q's
 // dtype or float8 with k_cache_scale (null otherwise).
 void indexer_topk_paged(const View& out, const DenseIn& q, const DisjointIn& k_cache, const ScalesIn* k_cache_scale,
-                        const DenseIn& weights, const DisjointIn& block_table, const DenseIn& context_lens, int num_threads);
+                        const DenseIn& weights, const DisjointIn& block_table, const DenseIn& context_lens,
+                        int num_threads);
 
 // (out [T, H, d_v] of q's dtype, lse float32 [T, H]) over rows kv[indices[t, j]] for
 // 0 <= indices[t, j] < S (others ignored, duplicates counted). q [T, H, Dqk], kv [S, Dqk] of
@@ -50,7 +51,8 @@ void sparse_mla_decode_paged(const View& out, const View& lse, const DenseIn& q,
 
 // Query i of sequence b attends logical positions [0, context_lens[b] - N + i + 1).
 void dense_mla_decode_paged(const View& out, const View& lse, const DenseIn& q, const DisjointIn& kv_cache,
-                            const DisjointIn& block_table, const DenseIn& context_lens, float sm_scale, int num_threads);
+                            const DisjointIn& block_table, const DenseIn& context_lens, float sm_scale,
+                            int num_threads);
 
 // Instruction-set tier the DSA kernels use: 0 portable C++ (vector extensions), 1 AVX2 + FMA,
 // 2 AVX-512F/BW, 3 AVX-512 + BF16 dot products. dsa_isa() is the tier in use; dsa_set_isa_limit(n) caps it (tests run every

@@ -19,7 +19,7 @@ inline int64_t slot_at(const void* slots, DType d, int64_t t) {
 // Every slot in [-1, num_slots), no slot >= 0 twice; checked before anything is written.
 void check_slots(const char* op, const void* slots, DType d, int64_t tokens, int64_t num_slots) {
   GLM5_REQUIRE(d == DType::I32 || d == DType::I64, op, "slot_mapping", "dtype int32 or int64",
-          "dtype code " + str(static_cast<int>(d)));
+               "dtype code " + str(static_cast<int>(d)));
   GLM5_REQUIRE(tokens >= 0, op, "slot_mapping", "T >= 0", str(tokens));
   GLM5_REQUIRE(num_slots >= 0, op, "cache", "num_blocks * block_size >= 0", str(num_slots));
   std::vector<int64_t> used;
@@ -48,8 +48,7 @@ void kv_cache_write(const View& cache, const RowsIn& values, const DenseIn& slot
   require_ndim(values, 2, op, "values");
   const Rows v = rows_of(values, op, "values");
   GLM5_REQUIRE(v.cols == dim, op, "values", "rows of D = " + str(dim) + " (that of 'cache')", str(v.cols));
-  GLM5_REQUIRE(values.dtype == cache.dtype, op, "values", "dtype " + dtype_name(cache.dtype) + " (that of 'cache')",
-          dtype_name(values.dtype));
+  require_dtype_of(values, cache, op, "values", "cache");
   GLM5_REQUIRE(v.row_stride >= 0, op, "values", "a row stride >= 0", str(v.row_stride));
   const int64_t tokens = v.rows, row_bytes = dim * es, values_row_stride_bytes = v.row_stride * es;
   require_dense(slot_mapping, {tokens}, op, "slot_mapping");
@@ -146,8 +145,7 @@ void kv_cache_gather(const View& out, const DenseIn& cache, const RowsIn& block_
   require_ndim(out, 2, op, "out");
   GLM5_REQUIRE(out.size[0] == total, op, "out", "sum(context_lens) = " + str(total) + " rows", str(out.size[0]));
   require_dense(out, {total, dim}, op, "out");
-  GLM5_REQUIRE(out.dtype == cache.dtype, op, "out", "dtype " + dtype_name(cache.dtype) + " (that of 'cache')",
-          dtype_name(out.dtype));
+  require_dtype_of(out, cache, op, "out", "cache");
   const int64_t batch = bt.rows, block_table_row_stride = bt.row_stride;
   const int32_t* block_table = static_cast<const int32_t*>(bt.data);
   const int32_t* context_lens = static_cast<const int32_t*>(context_lens_view.data);

@@ -66,16 +66,16 @@ void moe_route(const View& weights_out, const View& ids_out, const RowsIn& logit
     require_dense(*bias, {experts}, op, "bias");
   }
   GLM5_REQUIRE(n_group >= 1 && experts % n_group == 0, op, "n_group", "a divisor of the expert count " + str(experts),
-          str(n_group));
+               str(n_group));
   GLM5_REQUIRE(topk_group >= 1 && topk_group <= n_group, op, "topk_group", "an int in [1, n_group=" + str(n_group) + "]",
-          str(topk_group));
+               str(topk_group));
   const int64_t per_group = experts / n_group;
   require_ndim(ids_out, 2, op, "ids");
   const int64_t top_k = ids_out.size[1];
   GLM5_REQUIRE(top_k >= 1 && top_k <= topk_group * per_group, op, "top_k",
-          "an int in [1, " + str(topk_group * per_group) + "] (topk_group * experts per group)", str(top_k));
+               "an int in [1, " + str(topk_group * per_group) + "] (topk_group * experts per group)", str(top_k));
   GLM5_REQUIRE(std::isfinite(routed_scaling_factor), op, "routed_scaling_factor", "a finite number",
-          std::to_string(routed_scaling_factor));
+               std::to_string(routed_scaling_factor));
   require_dtype(ids_out, DType::I32, op, "ids");
   require_dense(ids_out, {tokens, top_k}, op, "ids");
   require_dtype(weights_out, DType::F32, op, "weights");
@@ -155,7 +155,7 @@ int64_t moe_permute_plan(const View& tokens_per_expert_out, const View& src_out,
   require_ndim(tokens_per_expert_out, 1, op, "tokens_per_expert");
   const int64_t num_experts = tokens_per_expert_out.size[0];
   GLM5_REQUIRE(num_experts >= 1 && num_experts <= kMaxInt32, op, "num_experts", "an int in [1, 2^31 - 1]",
-          str(num_experts));
+               str(num_experts));
   require_dtype(tokens_per_expert_out, DType::I32, op, "tokens_per_expert");
   require_dense(tokens_per_expert_out, {num_experts}, op, "tokens_per_expert");
   require_dtype(src_out, DType::I32, op, "src");
@@ -199,8 +199,7 @@ void moe_permute_gather(const View& x_perm, const RowsIn& x, const DenseIn& src_
   require_ndim(x_perm, 2, op, "x_perm");
   const int64_t rows = x_perm.size[0];
   require_dense(x_perm, {rows, dim}, op, "x_perm");
-  GLM5_REQUIRE(x_perm.dtype == x.dtype, op, "x_perm", "dtype " + dtype_name(x.dtype) + " (that of 'x')",
-          dtype_name(x_perm.dtype));
+  require_dtype_of(x_perm, x, op, "x_perm", "x");
   require_dtype(src_view, DType::I32, op, "src");
   require_ndim(src_view, 1, op, "src");
   GLM5_REQUIRE(src_view.size[0] >= rows, op, "src", "at least M = " + str(rows) + " entries", str(src_view.size[0]));
@@ -218,7 +217,8 @@ void moe_permute_gather(const View& x_perm, const RowsIn& x, const DenseIn& src_
     std::memcpy(ob + r * row_bytes, xb + (src[r] / k) * x_row_stride_bytes, static_cast<size_t>(row_bytes));
 }
 
-void moe_unpermute(const View& out, const RowsIn& y, const DenseIn& src_view, const DenseIn& weights_view, int num_threads) {
+void moe_unpermute(const View& out, const RowsIn& y, const DenseIn& src_view, const DenseIn& weights_view,
+                   int num_threads) {
   const char* op = "moe_unpermute";
   require_float(y.dtype, op, "y");
   require_ndim(y, 2, op, "y");
@@ -233,7 +233,7 @@ void moe_unpermute(const View& out, const RowsIn& y, const DenseIn& src_view, co
   GLM5_REQUIRE(tokens * k <= kMaxInt32, op, "weights", "T * k <= 2^31 - 1 (int32 flat indices)", str(tokens * k));
   require_dtype(src_view, DType::I32, op, "src");
   require_dense(src_view, {rows}, op, "src");
-  GLM5_REQUIRE(out.dtype == y.dtype, op, "out", "dtype " + dtype_name(y.dtype) + " (that of 'y')", dtype_name(out.dtype));
+  require_dtype_of(out, y, op, "out", "y");
   require_dense(out, {tokens, dim}, op, "out");
   const DType dtype = y.dtype;
   const int32_t* src = static_cast<const int32_t*>(src_view.data);

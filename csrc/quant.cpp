@@ -92,8 +92,7 @@ void int4_quantize(const View* fake_out, const View* packed_out, const View* sca
   if (rows == 0 || cols == 0) return;
   GLM5_REQUIRE(fake_out || packed_out || scale_out, op, "out", "at least one output", "none");
   if (fake_out) {
-    GLM5_REQUIRE(fake_out->dtype == w.dtype, op, "out", "dtype " + dtype_name(w.dtype) + " (that of 'w')",
-            dtype_name(fake_out->dtype));
+    require_dtype_of(*fake_out, w, op, "out", "w");
     require_dense(*fake_out, {rows, cols}, op, "out");
   }
   if (packed_out) {

@@ -8,32 +8,36 @@ int64_t View::numel() const {
   return n;
 }
 
-View strided(const void* data, DType dtype, std::initializer_list<int64_t> sizes,
-             std::initializer_list<int64_t> strides) {
-  GLM5_REQUIRE(sizes.size() == strides.size() && sizes.size() <= static_cast<size_t>(kMaxDims), "View", "strides",
-          "as many strides as sizes, at most " + str(kMaxDims), str(static_cast<int64_t>(strides.size())));
+namespace {
+
+View with_sizes(const void* data, DType dtype, std::initializer_list<int64_t> sizes) {
+  GLM5_REQUIRE(sizes.size() <= static_cast<size_t>(kMaxDims), "View", "sizes", "at most " + str(kMaxDims) + " dims",
+               str(static_cast<int64_t>(sizes.size())));
   View v;
   v.data = const_cast<void*>(data);
   v.dtype = dtype;
   v.ndim = static_cast<int>(sizes.size());
   int d = 0;
   for (int64_t s : sizes) v.size[d++] = s;
-  d = 0;
+  return v;
+}
+
+}  // namespace
+
+View strided(const void* data, DType dtype, std::initializer_list<int64_t> sizes,
+             std::initializer_list<int64_t> strides) {
+  GLM5_REQUIRE(strides.size() == sizes.size(), "View", "strides", "as many strides as sizes",
+               str(static_cast<int64_t>(strides.size())));
+  View v = with_sizes(data, dtype, sizes);
+  int d = 0;
   for (int64_t s : strides) v.stride[d++] = s;
   return v;
 }
 
 View dense(const void* data, DType dtype, std::initializer_list<int64_t> sizes) {
-  GLM5_REQUIRE(sizes.size() <= static_cast<size_t>(kMaxDims), "View", "sizes", "at most " + str(kMaxDims) + " dims",
-          str(static_cast<int64_t>(sizes.size())));
-  View v;
-  v.data = const_cast<void*>(data);
-  v.dtype = dtype;
-  v.ndim = static_cast<int>(sizes.size());
-  int d = 0;
-  for (int64_t s : sizes) v.size[d++] = s;
+  View v = with_sizes(data, dtype, sizes);
   int64_t step = 1;
-  for (d = v.ndim - 1; d >= 0; --d) {
+  for (int d = v.ndim - 1; d >= 0; --d) {
     v.stride[d] = step;
     step *= v.size[d];
   }
@@ -139,6 +143,11 @@ void require_ndim(const View& v, int n, const char* op, const char* arg) {
 
 void require_dtype(const View& v, DType d, const char* op, const char* arg) {
   GLM5_REQUIRE(v.dtype == d, op, arg, std::string("dtype ") + dtype_name(d), dtype_name(v.dtype));
+}
+
+void require_dtype_of(const View& v, const View& like, const char* op, const char* arg, const char* like_arg) {
+  GLM5_REQUIRE(v.dtype == like.dtype, op, arg, "dtype " + dtype_name(like.dtype) + " (that of '" + like_arg + "')",
+               dtype_name(v.dtype));
 }
 
 void require_dense(const View& v, std::initializer_list<int64_t> sizes, const char* op, const char* arg) {

@@ -84,6 +84,8 @@ using ScalesIn = In<Layout::Scales>;
 // ndim == n
 void require_ndim(const View& v, int n, const char* op, const char* arg);
 void require_dtype(const View& v, DType d, const char* op, const char* arg);
+// v.dtype == like.dtype, `like` being argument `like_arg`.
+void require_dtype_of(const View& v, const View& like, const char* op, const char* arg, const char* like_arg);
 // Row-major contiguous (strides of size-1 dims do not matter), sizes >= 0, data non-null
 // unless empty.
 void require_contiguous(const View& v, const char* op, const char* arg);
