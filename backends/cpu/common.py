@@ -18,7 +18,8 @@ def rms_norm(x, weight, eps):
 
 @cpu.impl("silu_and_mul", dtypes=FLOATS)
 def silu_and_mul(x):
-    out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+    shape = x.shape
+    out = x.new_empty((*shape[:-1], shape[-1] // 2))
     _C.silu_and_mul(out, x, threads())
     return out
 
