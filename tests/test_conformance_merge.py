@@ -66,7 +66,7 @@ def test_merge_counts_every_record_in_its_column_and_row(reports):
             in_cells = sum(sum(row["cells"][key]["counts"].values()) for row in m["rows"] if key in row["cells"])
             assert in_cells == sum(r.backend == backend for r in run.records) == len(m["records"][key])
     cells = {row["dtype"]: row["cells"][f"wrongvendor @ {WRONG_CHIP}"] for row in m["rows"] if row["dtype"] != "*"}
-    assert cells["float16"]["counts"] == {"pass": 2, "fail": 10, "fallback": 1} and cells["float16"]["status"] == "fail"
+    assert cells["float16"]["counts"] == {"pass": 5, "fail": 10, "fallback": 1} and cells["float16"]["status"] == "fail"
     assert cells["bfloat16"]["status"] == "error" and cells["float32"]["status"] == "fallback"
     # a failing cell names its worst case and margin: the largest of its records
     failing = [r for r in runs[1].records if r.dtype == "float16" and r.status == "fail"]
@@ -102,9 +102,9 @@ def test_merge_states_other_versions_case_sets_and_references(reports, tmp_path)
     text = "\n".join(m["differences"])
     assert f"glm5_hal versions differ: 0.1.0 ({cpu_key}, wrongvendor @ {WRONG_CHIP}, offvendor @ ?); 0.0.9 ({keys[-1]})" in text
     assert f"references differ: cpu (float64) (" in text and f"cuda (float32) ({keys[-1]})" in text
-    assert f"{keys[-1]} ran 20 of the 39 cases in these reports; missing: rms_norm (19 cases)" in text
-    assert not any(d.startswith(f"wrongvendor @ {WRONG_CHIP} ran") for d in m["differences"])  # it ran all 39
-    assert "offvendor @ ? ran 0 of the 39 cases" in text and "backend unavailable: no WrongChip device found" in text
+    assert f"{keys[-1]} ran 26 of the 48 cases in these reports; missing: rms_norm (22 cases)" in text
+    assert not any(d.startswith(f"wrongvendor @ {WRONG_CHIP} ran") for d in m["differences"])  # it ran all 48
+    assert "offvendor @ ? ran 0 of the 48 cases" in text and "backend unavailable: no WrongChip device found" in text
 
 
 def test_merge_refuses_what_is_not_a_run_report(tmp_path, reports):
@@ -133,9 +133,9 @@ def test_markdown_matrix_links_failing_cells_to_their_cases(reports):
     md = matrix.to_markdown(m)
     column = f"wrongvendor @ {WRONG_CHIP}"
     link = matrix.anchor(column, "rms_norm", "float16")
-    assert re.search(rf"\| `rms_norm` \| float16 \| ✅ 13 pass \| \[❌ 2 pass, 10 fail, 1 fallback \(margin [\d.]+\)\]\(#{link}\) \| - \|", md)
+    assert re.search(rf"\| `rms_norm` \| float16 \| ✅ 16 pass \| \[❌ 5 pass, 10 fail, 1 fallback \(margin [\d.]+\)\]\(#{link}\) \| - \|", md)
     assert f'<a id="{link}"></a>' in md and f"**`{column}` · `rms_norm` · float16**" in md
-    assert "| ⚠️ 12 pass, 1 fallback |" in md and "| ⏭️ 1 skip |" in md
+    assert "| ⚠️ 15 pass, 1 fallback |" in md and "| ⏭️ 1 skip |" in md
     assert "`glm5-hal conformance --backend wrongvendor --backend offvendor`" in md and "wrong_sdk 9.1" in md
     assert f"| `{column}` | `rms_norm` | fallback | 3 | float32, float16, bfloat16 | 2-d x only |" in md
 

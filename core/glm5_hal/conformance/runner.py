@@ -123,6 +123,10 @@ def _judge(record: Record, case: Case, op, cpu_args: tuple, args: tuple, device:
             record.status = FAIL
             record.reason = f"raised InvalidInputError but modified {changed}: {raised}"
             return
+        if case.outcome == EXPECT_ERROR and case.error_arg and raised.arg != case.error_arg:
+            record.status = FAIL
+            record.reason = f"raised InvalidInputError naming {raised.arg!r}, expected {case.error_arg!r}: {raised}"
+            return
         record.status = PASS
         record.reason = f"rejected with InvalidInputError: {raised}"
         return
