@@ -11,7 +11,7 @@ ordinary command runs, exactly as in a vendor's lab:
 (the cpu backend is disabled as on a device host, where it cannot take device tensors).
 `glm5-hal conformance merge` then combines these reports with the cpu one (.ci/run).
 
-    scripts/emulated_conformance.py --out reports/labs [--preset tiny] [--jobs 2] [LAB ...]
+    scripts/emulated_conformance.py --out reports/labs [--preset tiny] [--op O] [--jobs 2] [LAB ...]
 
 Exit status 1 iff some lab's run failed (a case failed or errored, or the run broke).
 """
@@ -43,12 +43,14 @@ def install(lab, root: Path) -> Path:
     return site
 
 
-def run(lab, site: Path, out: Path, presets: list[str], workers: str) -> tuple[str, int, float, str]:
+def run(lab, site: Path, out: Path, presets: list[str], ops: list[str], workers: str
+        ) -> tuple[str, int, float, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_HAL_")}
     env["GLM5_HAL_DISABLE"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
     command = [sys.executable, "-m", "glm5_hal.cli", "conformance", "--backend", lab.backend_name,
-               *[a for p in presets for a in ("--preset", p)], "-n", workers,
+               *[a for p in presets for a in ("--preset", p)], *[a for o in ops for a in ("--op", o)],
+               "-n", workers,
                "--json", str(out / f"{lab.key}.json")]
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="folder for the reports (LAB.json)")
     parser.add_argument("--preset", action="append", choices=("tiny", "glm5"),
                         help="case preset (repeatable; default: tiny)")
+    parser.add_argument("--op", action="append", default=[], help="only this op (repeatable; default: all)")
     parser.add_argument("--jobs", type=int, default=1, help="labs run at the same time (default 1)")
     parser.add_argument("-n", default="1", help="worker processes of each lab's run (default 1)")
     args = parser.parse_args(argv)
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     sites = {lab.key: install(lab, root) for lab in labs}
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run, lab, sites[lab.key], args.out, args.preset or ["tiny"], args.n)
+        futures = [pool.submit(run, lab, sites[lab.key], args.out, args.preset or ["tiny"], args.op, args.n)
                    for lab in labs]
         for future in futures:
             key, rc, seconds, detail = future.result()
