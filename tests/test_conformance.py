@@ -15,6 +15,7 @@ import torch
 
 import glm5_hal as hal
 from conftest import REPO, run_python, write_dist
+from conformance_reports import WRONG_VENDOR, wrong_vendor_plugin
 from glm5_hal.conformance import report, runner, suite
 from glm5_hal.conformance.case import ERROR, RESULT, RESULT_OR_ERROR, Case, View
 from glm5_hal.conformance.compare import Close, Exact, close, exact, topk_set
@@ -512,35 +513,6 @@ def test_parallel_workers_give_the_same_records():
 
 
 # -- the entry points, in fresh processes -------------------------------------------------------
-WRONG_VENDOR = '''
-import torch
-import glm5_hal as hal
-
-class Wrong(hal.Backend):
-    name, device_type, priority = "wrongvendor", "cpu", -1
-
-class Off(hal.Backend):
-    name, device_type, priority = "offvendor", "cpu", -1
-    def probe(self):
-        return hal.Availability(False, "no WrongChip device found")
-
-wrong, off = Wrong(), Off()
-
-@wrong.impl("rms_norm", supports=lambda x, w, eps: x.dim() == 2 or "2-d x only")
-def rms_norm(x, weight, eps):
-    if x.dtype == torch.bfloat16:
-        raise RuntimeError("kernel launch failed")
-    xf = x.float()
-    out = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-    return out + torch.finfo(x.dtype).eps if x.dtype == torch.float16 else out
-
-@hal.hookimpl
-def glm5_hal_register_backends(register):
-    register(wrong)
-    register(off)
-'''
-
-
 @pytest.fixture
 def wrong_site(tmp_path):
     return write_dist(tmp_path / "site", "wrong-vendor", "wrong_vendor", WRONG_VENDOR,
@@ -548,9 +520,7 @@ def wrong_site(tmp_path):
 
 
 def expected_counts(hal_state) -> dict[str, int]:
-    module = types.ModuleType("wrong_vendor_inproc")
-    exec(WRONG_VENDOR, module.__dict__)
-    hal_state(module, "wrongvendor")
+    hal_state(wrong_vendor_plugin(), "wrongvendor")
     records = runner.run_all(suite.plan(["wrongvendor", "offvendor"], ["rms_norm"], ["tiny"]))
     return dict(report.totals(records))
 

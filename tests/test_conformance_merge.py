@@ -11,7 +11,7 @@ import pytest
 
 import glm5_hal as hal
 import glm5_hal.cli as cli
-from conformance_reports import WRONG_CHIP, offline_backend, plugin, run_report, write, wrong_backend
+from conformance_reports import WRONG_CHIP, run_report, write, wrong_vendor_plugin
 from glm5_hal.conformance import diff, matrix
 
 
@@ -19,7 +19,7 @@ from glm5_hal.conformance import diff, matrix
 def reports(tmp_path_factory):
     """Two labs' reports: the cpu backend, and a wrong backend plus an offline one."""
     folder = tmp_path_factory.mktemp("reports")
-    hal.load_plugin(plugin(wrong_backend(), offline_backend()), "wronglab")
+    hal.load_plugin(wrong_vendor_plugin(), "wronglab")
     try:
         cpu = write(folder / "cpu.json", run_report(["cpu"]))
         wrong = write(folder / "wrong.json", run_report(["wrongvendor", "offvendor"]))
