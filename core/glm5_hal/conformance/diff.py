@@ -20,7 +20,8 @@ import collections
 import dataclasses
 from pathlib import Path
 
-from .matrix import MATRIX_KIND, RunReport, number, read_json, merge
+from ..errors import HalError
+from .matrix import MATRIX_KIND, RunReport, merge, number, read_json
 from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, Record
 
 KINDS = ("regression", "fallback", "coverage", "drift")
@@ -39,7 +40,6 @@ def load(path: str | Path) -> Side:
     data = read_json(path)
     if data.get("kind") != MATRIX_KIND:
         if "records" not in data or "meta" not in data:
-            from ..errors import HalError
             raise HalError(f"conformance diff: {path} is neither a conformance report nor a merged matrix")
         data = merge([RunReport(str(path), data["meta"], [Record.from_dict(r) for r in data["records"]])])
     records = {col: {case: (v[0], number(v[1])) for case, v in cases.items()}

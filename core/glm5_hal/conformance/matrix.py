@@ -280,11 +280,6 @@ def _short(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def describe_column(c: dict) -> str:
-    versions = ", ".join(f"{k} {v}" for k, v in c["versions"].items())
-    return versions
-
-
 def to_markdown(matrix: dict, *, max_problems: int = 200) -> str:
     from .machine import describe
     columns = matrix["columns"]
@@ -296,7 +291,8 @@ def to_markdown(matrix: dict, *, max_problems: int = 200) -> str:
     for c in columns:
         ref = c["reference"]
         lines.append("| " + " | ".join(_md(x) for x in (
-            f"`{c['key']}`", c["glm5_hal"], describe_column(c), describe(c["machine"]) if c["machine"] else "?",
+            f"`{c['key']}`", c["glm5_hal"], ", ".join(f"{k} {v}" for k, v in c["versions"].items()),
+            describe(c["machine"]) if c["machine"] else "?",
             f"{ref.get('mode', '?')} ({ref.get('dtype', '?')})", ", ".join(c["presets"]), str(c["cases"]),
             f"`{c['command']}`")) + " |")
     if matrix["differences"]:
