@@ -2,8 +2,8 @@
 it): it draws itself without errors or network requests, its DOM holds exactly the JSON's
 cells and failing cases, the filters and links work, and a screenshot is saved.
 
-Without Chromium these tests skip, unless GLM5_HAL_REQUIRE_CHROMIUM=1 (set by .ci/run), which
-turns the skip into a failure. GLM5_HAL_CI_MATRIX=reports/matrix.json (also .ci/run) adds
+Without Chromium these tests skip, unless GLM5_CI_REQUIRE_CHROMIUM=1 (set by .ci/run), which
+turns the skip into a failure. GLM5_CI_MATRIX=reports/matrix.json (also .ci/run) adds
 the check of CI's own merged report (matrix.html next to it; the screenshot goes there too).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from conformance_reports import run_report, write, wrong_vendor_plugin
 from glm5_hal.conformance import html, matrix
 
 if find() is None:
-    if os.environ.get("GLM5_HAL_REQUIRE_CHROMIUM") == "1":
-        raise RuntimeError("GLM5_HAL_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)")
+    if os.environ.get("GLM5_CI_REQUIRE_CHROMIUM") == "1":
+        raise RuntimeError("GLM5_CI_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)")
     pytest.skip("no Chromium on PATH (Debian: apt-get install chromium)", allow_module_level=True)
 
 READY = "document.body.dataset.ready === '1'"
@@ -165,9 +165,9 @@ def test_the_page_check_fails_on_a_broken_page(page, merged, tmp_path, breakage)
         check_page(page, broken, m, tmp_path / "broken.png")
 
 
-@pytest.mark.skipif(not os.environ.get("GLM5_HAL_CI_MATRIX"),
+@pytest.mark.skipif(not os.environ.get("GLM5_CI_MATRIX"),
                     reason="set by .ci/run to its merged report (reports/matrix.json)")
 def test_ci_merged_report_renders(page):
-    path = Path(os.environ["GLM5_HAL_CI_MATRIX"]).resolve()
+    path = Path(os.environ["GLM5_CI_MATRIX"]).resolve()
     m = json.loads(path.read_text())
     check_page(page, path.with_suffix(".html"), m, path.with_suffix(".png"))

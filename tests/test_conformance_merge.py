@@ -50,6 +50,16 @@ def test_cli_report_records_the_machine_the_command_and_each_case(tmp_path, caps
     assert "c_kv slice" in slice_["note"]
 
 
+def test_the_recorded_command_carries_the_plugin_settings_only(monkeypatch):
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    monkeypatch.setenv("GLM5_HAL_STRICT", "1")
+    monkeypatch.setenv("GLM5_CI_MATRIX", "x.json")
+    monkeypatch.delenv("GLM5_HAL_PLUGINS", raising=False)
+    args = cli.build_parser().parse_args(["conformance", "--backend", "ascend_emu", "--preset", "tiny", "-n", "auto"])
+    assert cli._conformance_command(args) == ("GLM5_HAL_DISABLE=cpu GLM5_HAL_STRICT=1 glm5-hal conformance "
+                                              "--backend ascend_emu --preset tiny --ref cpu -n auto")
+
+
 # -- merge -------------------------------------------------------------------------------------
 def test_merge_counts_every_record_in_its_column_and_row(reports):
     cpu, wrong = reports

@@ -209,10 +209,11 @@ def _refuse_run_options(args: argparse.Namespace, action: str) -> None:
 
 
 def _conformance_command(args: argparse.Namespace) -> str:
-    """The command line that reproduces this run, with the GLM5_HAL_* settings that chose
-    the plugins (defaults spelled out; report paths included)."""
+    """The command line that reproduces this run, with the settings that chose the plugins
+    (defaults spelled out; report paths included)."""
     import shlex
-    words = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("GLM5_HAL_")]
+    words = [f"{k}={os.environ[k]}" for k in ("GLM5_HAL_PLUGINS", "GLM5_HAL_DISABLE", "GLM5_HAL_STRICT")
+             if os.environ.get(k)]
     words += ["glm5-hal", "conformance"]
     for flag, values in (("--backend", args.backend), ("--op", args.op), ("--preset", args.preset)):
         for value in values or ():
