@@ -39,21 +39,23 @@ class Record:
     duration_ms: float = 0.0      # the whole case: inputs, backend call, reference, checks
     worst: dict | None = None
     outputs: list = dataclasses.field(default_factory=list)  # one entry per checked target
+    inputs: str = ""     # the arguments as the op saw them: dtype[shape], layout, scalars
+    note: str = ""       # what the case is about (Case.note)
 
     def to_dict(self) -> dict:
-        return _json_safe(dataclasses.asdict(self))
+        return json_safe(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Record":
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-def _json_safe(v):
+def json_safe(v):
     """Strict JSON has no NaN/Infinity: non-finite floats become strings."""
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
