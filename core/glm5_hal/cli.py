@@ -144,7 +144,14 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
                                  on_record=progress)
     finally:
         progress.close()
+    certification = None
+    if args.certify:
+        from .conformance import certify
+        records = certify.relabel(records)
+        certification = certify.verdict(records, backends)
     print(report.format_matrix(records))
+    if certification is not None:
+        print(certify.format_verdict(certification))
     if not args.backend:
         import glm5_hal as hal
         for r in hal.backends():
@@ -155,11 +162,15 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         print(f"note: ops without conformance cases yet: {', '.join(missing)}")
     if args.json or args.junit or args.markdown:
         meta = report.metadata(backends, ops, presets, args.ref, workers, _conformance_command(args))
+        if certification is not None:
+            meta["certification"] = certification
         for path, write in ((args.json, report.write_json), (args.junit, report.write_junit),
                             (args.markdown, report.write_markdown)):
             if path:
                 write(path, records, meta)
                 print(f"wrote {path}")
+    if certification is not None and not all(v["certified"] for v in certification.values()):
+        return 1
     return 1 if report.failed(records) else 0
 
 
@@ -201,7 +212,7 @@ def _cmd_conformance_diff(args: argparse.Namespace) -> int:
 def _refuse_run_options(args: argparse.Namespace, action: str) -> None:
     given = [flag for flag, value in (("--backend", args.backend), ("--op", args.op), ("--preset", args.preset),
                                       ("--json", args.json), ("--junit", args.junit),
-                                      ("--markdown", args.markdown)) if value]
+                                      ("--markdown", args.markdown), ("--certify", args.certify)) if value]
     if given:
         from .errors import HalError
         raise HalError(f"conformance {action}: {', '.join(given)} belong to a conformance run; "
@@ -218,7 +229,7 @@ def _conformance_command(args: argparse.Namespace) -> str:
     for flag, values in (("--backend", args.backend), ("--op", args.op), ("--preset", args.preset)):
         for value in values or ():
             words += [flag, value]
-    words += ["--ref", args.ref, "-n", args.n]
+    words += ["--ref", args.ref, "-n", args.n] + (["--certify"] if args.certify else [])
     for flag, value in (("--json", args.json), ("--junit", args.junit), ("--markdown", args.markdown)):
         if value:
             words += [flag, value]
@@ -321,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="F", help="write one record per case plus run metadata to F")
     p.add_argument("--junit", metavar="F", help="write JUnit XML to F (for CI)")
     p.add_argument("--markdown", metavar="F", help="write the matrix as Markdown to F (README, PR)")
+    p.add_argument("--certify", action="store_true",
+                   help="certification: also fail when an op/dtype the backend declares is only ever served "
+                        "by fallback; report expected errors the ops' own checks decided as 'contract'")
     p.set_defaults(func=_cmd_conformance)
     actions = p.add_subparsers(dest="action", metavar="{merge,diff}",
                                help="instead of running the suite: merge or compare reports")

@@ -70,7 +70,7 @@ Markdown matrix written next to this file.</p></noscript>
 """
 
 _CSS = """
-:root { --pass: #d9f2dd; --fail: #f8d0d0; --error: #f3c0e8; --fallback: #fbe7b5; --skip: #e4e4e4; }
+:root { --pass: #d9f2dd; --fail: #f8d0d0; --error: #f3c0e8; --fallback: #fbe7b5; --skip: #e4e4e4; --contract: #dde8f5; }
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d1d1d; }
 h1 { font-size: 1.5em; margin: 0 0 .3em; } h2 { font-size: 1.2em; margin: 1.4em 0 .5em; }
 table { border-collapse: collapse; } th, td { border: 1px solid #c8c8c8; padding: .25em .5em; vertical-align: top; }
@@ -80,6 +80,7 @@ th { background: #f2f2f2; text-align: left; position: sticky; top: 0; }
 #matrix th.col { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
 td.pass { background: var(--pass); } td.fail { background: var(--fail); } td.error { background: var(--error); }
 td.fallback { background: var(--fallback); } td.skip { background: var(--skip); } td.none { color: #999; }
+td.contract { background: var(--contract); }
 td.cell a { color: inherit; font-weight: 600; } .margin { display: block; font-size: .8em; color: #444; }
 .warn { background: #fff4d6; border-left: 4px solid #e0a800; padding: .3em .6em; }
 #filters { margin: .5em 0; display: flex; gap: 1em; flex-wrap: wrap; align-items: center; }
@@ -95,7 +96,7 @@ code, .mono { font-family: ui-monospace, monospace; font-size: .92em; }
 _JS = r"""
 "use strict";
 const DATA = JSON.parse(document.getElementById("matrix-data").textContent);
-const STATUSES = ["pass", "fail", "error", "fallback", "skip"];
+const STATUSES = Object.keys(DATA.meaning);   // glm5_hal.conformance.record.STATUSES, in order
 const $ = (id) => document.getElementById(id);
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);

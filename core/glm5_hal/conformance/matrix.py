@@ -18,12 +18,12 @@ import json
 from pathlib import Path
 
 from ..errors import HalError
-from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record, json_safe
+from .record import CONTRACT, ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record, json_safe
 from .report import one_line, write_text
 
 MATRIX_KIND = "glm5_hal.conformance.matrix"
 MATRIX_SCHEMA = 1
-WORST_FIRST = (FAIL, ERROR, FALLBACK, SKIP, PASS)
+WORST_FIRST = (FAIL, ERROR, FALLBACK, SKIP, PASS, CONTRACT)
 DTYPE_ORDER = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "")
 _ROW_DTYPE_ALL = "*"   # the row of whole-op records (an unavailable backend's one skip per op)
 
@@ -251,7 +251,7 @@ def write_json(path: str | Path, matrix: dict) -> None:
 
 
 # -- Markdown --------------------------------------------------------------------------------
-_MARK = {PASS: "✅", FAIL: "❌", ERROR: "❌", FALLBACK: "⚠️", SKIP: "⏭️"}
+_MARK = {PASS: "✅", FAIL: "❌", ERROR: "❌", FALLBACK: "⚠️", SKIP: "⏭️", CONTRACT: "☑️"}
 
 
 def anchor(column: str, op: str, dtype: str) -> str:

@@ -5,7 +5,8 @@ import dataclasses
 import math
 
 PASS, FAIL, SKIP, FALLBACK, ERROR = "pass", "fail", "skip", "fallback", "error"
-STATUSES = (PASS, FAIL, ERROR, FALLBACK, SKIP)   # report order: worst news first after pass
+CONTRACT = "contract"   # certification runs only (glm5_hal.conformance.certify)
+STATUSES = (PASS, FAIL, ERROR, FALLBACK, SKIP, CONTRACT)   # report order: worst news first after pass
 
 #: what each status means (reports and docs use these words)
 MEANING = {
@@ -16,6 +17,8 @@ MEANING = {
     FALLBACK: "the backend did not take the call (op, dtype or supports() declined): the "
               "reference would run; not a pass",
     SKIP: "the backend is unavailable here, or its device does not support the dtype",
+    CONTRACT: "an expected-error case the op's own checks rejected before any backend ran "
+              "(certification runs): the contract's result, not the backend's pass",
 }
 
 

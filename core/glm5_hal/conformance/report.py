@@ -14,7 +14,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record
+from .record import CONTRACT, ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record
 
 # 2: meta.machine and meta.command; records carry inputs and note
 JSON_SCHEMA_VERSION = 2
@@ -174,7 +174,7 @@ def _details(r: Record) -> str:
 
 
 # -- Markdown ------------------------------------------------------------------------------
-_MARK = {PASS: "✅", FAIL: "❌", ERROR: "❌", FALLBACK: "⚠️", SKIP: "⏭️"}
+_MARK = {PASS: "✅", FAIL: "❌", ERROR: "❌", FALLBACK: "⚠️", SKIP: "⏭️", CONTRACT: "☑️"}
 
 
 def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) -> str:
@@ -199,7 +199,7 @@ def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) ->
         cells = []
         for b in backends:
             c = table[(op, b)]
-            worst = next((s for s in (FAIL, ERROR, FALLBACK, SKIP, PASS) if c[s]), None)
+            worst = next((s for s in (FAIL, ERROR, FALLBACK, SKIP, PASS, CONTRACT) if c[s]), None)
             cells.append(f"{_MARK[worst]} {_cell(c)}" if worst else "-")
         lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
     if meta.get("ops_without_cases"):
