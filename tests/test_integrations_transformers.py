@@ -354,3 +354,25 @@ def test_fp8_experts_without_fp8_grouped_gemm_say_what_is_missing():
     module, _, inputs = fp8_experts()
     with pytest.raises(hal.UnsupportedOpError, match="fp8_grouped_gemm.*dequantize=True"):
         module(*inputs)
+
+
+def test_an_fp8_kv_b_proj_is_dequantized_for_absorption():
+    """GLM-5's FP8 checkpoint has an FP8 kv_b_proj (transformers' FP8Linear); absorption needs
+    W_UK and W_UV as matrices: the attention equals one whose kv_b_proj holds the dequantized
+    weight. (The model's other FP8 linears run HF's Triton/DeepGEMM kernels: not on this CPU.)"""
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+    config = hf_config()
+    model = build(config, "glm5_hal")
+    attn = model.model.layers[0].self_attn
+    weight = attn.kv_b_proj.weight.detach()                        # [256, 64]: 2 x 1 blocks of 128
+    scale = weight.view(2, 128, 64).abs().amax((1, 2)).view(2, 1) / 448
+    fp8 = FP8Linear(64, 256, block_size=[128, 128])
+    fp8.weight.data = (weight.view(2, 128, 64) / scale.view(2, 1, 1)).view(256, 64).to(torch.float8_e4m3fn)
+    fp8.weight_scale_inv.data = scale
+    dequantized = (fp8.weight.float().view(2, 128, 64) * scale.view(2, 1, 1)).view(256, 64)
+    prompt = ids()
+    attn.kv_b_proj = fp8
+    got = logits(model, prompt)
+    attn.kv_b_proj = torch.nn.Linear(64, 256, bias=False)
+    attn.kv_b_proj.weight.data = dequantized
+    torch.testing.assert_close(got, logits(model, prompt), atol=1e-5, rtol=1e-5)

@@ -154,7 +154,7 @@ def glm_moe_dsa_attention(self, hidden_states: Tensor, position_embeddings: tupl
         valid = (prev_topk_indices.reshape(tokens, -1) >= 0) & (flat >= k_start[:, None]) & (flat < k_end[:, None])
         top = torch.where(valid, flat, -1).to(torch.int32)
 
-    w_uk, w_uv = self.kv_b_proj.weight.view(heads, nope + self.v_head_dim, latent_dim).split(
+    w_uk, w_uv = _absorption_weight(self, q_nope.dtype).view(heads, nope + self.v_head_dim, latent_dim).split(
         [nope, self.v_head_dim], dim=1)
     query = torch.cat([torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_rot], dim=-1)
     latent, _ = ops.sparse_mla_attention(query, rows, top, self.scaling, latent_dim)      # [N, H, latent]
@@ -162,6 +162,30 @@ def glm_moe_dsa_attention(self, hidden_states: Tensor, position_embeddings: tupl
     out = self.o_proj(out.reshape(batch, queries, heads * self.v_head_dim))
     local = torch.where(top >= 0, top - offsets.repeat_interleave(queries, 0), -1)
     return out, None, local.view(batch, queries, -1)
+
+
+def _absorption_weight(self, dtype: torch.dtype) -> Tensor:
+    """kv_b_proj's weight [H * (nope + v), kv_lora], the source of W_UK and W_UV. An FP8
+    checkpoint's (transformers' FP8Linear: float8_e4m3fn with 128 x 128 block scales
+    `weight_scale_inv`, which multiply) is dequantized to the activations' dtype once and
+    kept, as serving engines do for MLA absorption (a matmul with the latent, not a linear
+    layer, so no FP8 GEMM applies)."""
+    linear = self.kv_b_proj
+    weight = linear.weight
+    if weight.element_size() > 1:
+        return weight
+    scale, block = getattr(linear, "weight_scale_inv", None), list(getattr(linear, "block_size", None) or ())
+    if weight.dtype != torch.float8_e4m3fn or scale is None or scale.dtype != torch.float32 or block != [128, 128]:
+        raise InvalidInputError(_OP, "kv_b_proj", "a float weight, or float8_e4m3fn with float32 128 x 128 block "
+                                "scales", f"{weight.dtype} weight, block {block or None}")
+    key = (weight.data_ptr(), weight._version, scale._version, dtype)
+    cached = self.__dict__.get("_glm5_hal_kv_b")
+    if cached is None or cached[0] != key:
+        rows, cols = weight.shape
+        full = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        cached = (key, (weight.float() * full).to(dtype))
+        self.__dict__["_glm5_hal_kv_b"] = cached
+    return cached[1]
 
 
 def _indexer_topk(self, hidden_states: Tensor, q_resid: Tensor, positions: Tensor, cos_sin, cache,
