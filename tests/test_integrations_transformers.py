@@ -257,6 +257,20 @@ def test_importing_glm5_hal_never_imports_transformers():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_decode_benchmark_runs_from_the_cli(monkeypatch, capsys):
+    """`glm5-hal bench --hf-decode` (docs/performance.md) on a short tiny case: every
+    implementation timed, the same greedy tokens from all of them."""
+    from glm5_hal import cli
+    from glm5_hal.bench import hf_decode
+    monkeypatch.setattr(hf_decode, "CASES", (("tiny", 1, 12, 3),))
+    assert cli.main(["bench", "--hf-decode", "--preset", "tiny", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "HF eager" in out and "HF + glm5_hal" in out and "glm5_hal.models" in out
+    row = out.strip().splitlines()[-1].split()
+    assert row[:4] == ["tiny", "1", "12", "1"] and row[-1] == "yes"       # the tokens agree
+    assert all(float(rate) > 0 for rate in row[4:8])
+
+
 # -- parts ---------------------------------------------------------------------------------------------
 def test_key_ranges_of_hf_masks():
     from glm5_hal.integrations.transformers.attention import key_ranges
