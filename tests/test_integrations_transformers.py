@@ -203,6 +203,17 @@ def test_apply_switches_a_built_model_and_restore_undoes_it():
     assert not calls.counts and model.config._attn_implementation == "eager"
 
 
+def test_norms_follow_set_attn_implementation_on_a_model_built_before_register():
+    model = build(hf_config(), "eager")
+    for module in model.modules():                 # as if built before register()
+        module.__dict__.pop("_glm5_hal_config", None)
+        module.__dict__.pop("_glm5_hal_norms_linked", None)
+    model.set_attn_implementation("glm5_hal")
+    with hal_transformers.record_ops() as calls:
+        logits(model, ids())
+    assert calls.counts["rms_norm"] == 4 * 2 + 1 + 4 * 2
+
+
 def test_apply_leaves_a_model_it_does_not_recognise_unchanged():
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))

@@ -29,6 +29,8 @@ import transformers
 from ...errors import InvalidInputError
 from . import attention, experts, norm
 
+from transformers.integrations.finegrained_fp8 import FP8Experts
+
 try:
     from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as _glm
 except ImportError as e:  # transformers older than the GLM-5 model
@@ -80,7 +82,7 @@ def register() -> None:
         _dispatch(_glm.GlmMoeDsaAttention, "forward", attention.glm_moe_dsa_attention,
                   lambda self, *args, **kwargs: self.config._attn_implementation == NAME)
         _dispatch(_glm.GlmMoeDsaRMSNorm, "forward", norm.rms_norm_forward, _norm_routed)
-        _after(_glm.GlmMoeDsaPreTrainedModel, "post_init", _link_norms)
+        _before(_glm.GlmMoeDsaModel, "forward", _link_norms_once)
         _registered = True
 
 
@@ -110,8 +112,7 @@ def apply(model) -> Applied:
     layers = {name: m for name, m in model.named_modules()} if hasattr(model, "named_modules") else {}
     found = {kind: [n for n, m in layers.items() if isinstance(m, cls)] for kind, cls in (
         ("attention", _glm.GlmMoeDsaAttention), ("norms", _glm.GlmMoeDsaRMSNorm),
-        ("experts", _glm.GlmMoeDsaExperts))}
-    found["experts"] += [n for n, m in layers.items() if type(m).__name__ == "FP8Experts" and n not in found["experts"]]
+        ("experts", (_glm.GlmMoeDsaExperts, FP8Experts)))}
     if getattr(config, "model_type", None) != "glm_moe_dsa" or not found["attention"]:
         raise InvalidInputError("glm5_hal.integrations.transformers.apply", "model",
                                 "a transformers GLM-MoE-DSA model (model_type 'glm_moe_dsa', GlmMoeDsaAttention "
@@ -158,26 +159,33 @@ def _dispatch(cls: type, name: str, hal_method: Callable, routed: Callable[..., 
     setattr(cls, name, method)
 
 
-def _after(cls: type, name: str, then: Callable) -> None:
+def _before(cls: type, name: str, first: Callable) -> None:
+    """cls.<name> becomes: first(self), then the original."""
     original = getattr(cls, name)
     if getattr(original, "_glm5_hal_original", None) is not None:
         return
 
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        then(self)
-        return result
+        first(self)
+        return original(self, *args, **kwargs)
     method._glm5_hal_original = original
     setattr(cls, name, method)
 
 
 def _link_norms(model) -> None:
     """An RMSNorm has no config; each learns its model's, so that it follows the model's
-    attention implementation (set at build time or by `set_attn_implementation`)."""
+    attention implementation (set at build time or later by `set_attn_implementation`)."""
     for module in model.modules():
         if isinstance(module, _glm.GlmMoeDsaRMSNorm):
             module._glm5_hal_config = model.config
+    model.__dict__["_glm5_hal_norms_linked"] = True
+
+
+def _link_norms_once(model) -> None:
+    """Before a GlmMoeDsaModel's forward: models built before `register()` too."""
+    if "_glm5_hal_norms_linked" not in model.__dict__:
+        _link_norms(model)
 
 
 def _norm_routed(self, hidden_states, *args, **kwargs) -> bool:
