@@ -301,7 +301,7 @@ def test_rope_scaling_goes_through_hfs_cos_and_sin():
     """A rope type other than "default" keeps HF's frequencies (apply_rope takes a base only)."""
     config = hf_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0})
     eager, routed = build(config, "eager"), build(config, "glm5_hal")
-    prompt = ids()
+    prompt = ids(batch=2)
     with hal_transformers.record_ops() as calls:
         got = logits(routed, prompt)
     assert "apply_rope" not in calls.counts

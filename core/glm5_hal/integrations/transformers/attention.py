@@ -98,8 +98,8 @@ def _rope(module, x: Tensor, positions: Tensor, cos_sin: tuple[Tensor, Tensor]) 
     deinterleaved = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
     if params.get("rope_type", "default") == "default":
         return ops.apply_rope(deinterleaved, positions, float(params["rope_theta"]), False)
-    half = x.shape[-1] // 2
-    cos, sin = (t[..., :half].reshape(-1, 1, half) for t in cos_sin)
+    half = x.shape[-1] // 2        # cos, sin: [1 or B, S, R], cat(freqs, freqs)
+    cos, sin = (t[..., :half].expand(x.shape[0] // t.shape[-2], -1, -1).reshape(-1, 1, half) for t in cos_sin)
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
 
