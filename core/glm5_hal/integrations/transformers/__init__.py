@@ -25,18 +25,10 @@ import warnings
 from typing import Any, Callable, Iterator
 
 import transformers
+from transformers.integrations.finegrained_fp8 import FP8Experts
 
 from ...errors import InvalidInputError
 from . import attention, experts, norm
-
-from transformers.integrations.finegrained_fp8 import FP8Experts
-
-try:
-    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as _glm
-except ImportError as e:  # transformers older than the GLM-5 model
-    raise ImportError("glm5_hal.integrations.transformers needs a transformers with the glm_moe_dsa model "
-                      f"(tested: {', '.join(('5.23.0', '5.24.0'))}); found {transformers.__version__}. "
-                      "pip install 'glm5-hal[transformers]'") from e
 
 __all__ = ["NAME", "TESTED_VERSIONS", "UntestedVersionWarning", "Applied", "register", "apply", "record_ops"]
 
@@ -44,6 +36,13 @@ __all__ = ["NAME", "TESTED_VERSIONS", "UntestedVersionWarning", "Applied", "regi
 NAME = "glm5_hal"
 #: The transformers releases this integration is tested against (tests/test_integrations_transformers.py).
 TESTED_VERSIONS = ("5.23.0", "5.24.0")
+
+try:
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as _glm
+except ImportError as e:  # transformers older than the GLM-5 model
+    raise ImportError("glm5_hal.integrations.transformers needs a transformers with the glm_moe_dsa model "
+                      f"(tested: {', '.join(TESTED_VERSIONS)}); found {transformers.__version__}. "
+                      "pip install 'glm5-hal[transformers]'") from e
 
 
 class UntestedVersionWarning(UserWarning):
