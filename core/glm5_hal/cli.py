@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on --world-size spawned local ranks")
     p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks for --collectives")
     p.add_argument("--sizes", metavar="LIST", help="message sizes for --collectives, e.g. 4K,1M,64M")
+    p.add_argument("--hf-decode", dest="func", action="store_const",
+                   const=lambda args: __import__("glm5_hal.bench.hf_decode", fromlist=["command"]).command(args),
+                   help="decode tokens/s of HF transformers' GLM-5 (eager, and on glm5_hal ops) and of "
+                        "glm5_hal.models, same weights (needs glm5-hal[transformers]; --preset tiny: the tiny "
+                        "config only)")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("new-backend", help="scaffold an out-of-tree backend plugin package")
