@@ -7,6 +7,7 @@ import math
 
 from .. import presets
 from ..errors import InvalidInputError
+from .hf_config import glm5_config_from_hf
 
 ATTENTION_MODES = ("sparse", "dense")
 INDEXER_TYPES = ("full", "shared")
@@ -107,8 +108,7 @@ class GLM5Config(presets.ModelDims):
         """The config of an HF `glm_moe_dsa` checkpoint: its config.json (a path, its folder,
         its parsed dict) or a transformers config object, read without transformers
         (`glm5_hal.models.hf_config`: HF's defaults, `indexer_types`, what is rejected)."""
-        from .hf_config import glm5_config_from_hf
-        return glm5_config_from_hf(source, **overrides)
+        return glm5_config_from_hf(cls, source, **overrides)
 
     @classmethod
     def glm5(cls, **overrides) -> "GLM5Config":

@@ -12,7 +12,6 @@ import os
 from typing import Any, Mapping
 
 from ..errors import InvalidInputError
-from .config import GLM5Config
 
 _OP = "GLM5Config.from_hf_config"
 
@@ -36,8 +35,9 @@ _COPIED = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_s
            "rms_norm_eps", "index_topk", "index_head_dim", "index_n_heads")
 
 
-def glm5_config_from_hf(source: "Mapping[str, Any] | str | os.PathLike | Any", **overrides) -> GLM5Config:
-    """A `GLM5Config` from an HF `glm_moe_dsa` config: a dict (config.json's contents), the path
+def glm5_config_from_hf(config_cls: type, source: "Mapping[str, Any] | str | os.PathLike | Any",
+                        **overrides) -> Any:
+    """A `config_cls` (GLM5Config) from an HF `glm_moe_dsa` config: a dict (config.json's contents), the path
     of a config.json or of the folder holding it, or a transformers config object
     (`.to_dict()`). `overrides` replace fields of the result (e.g. `attention="dense"`).
 
@@ -69,7 +69,7 @@ def glm5_config_from_hf(source: "Mapping[str, Any] | str | os.PathLike | Any", *
                   rope_theta=float(rope.get("rope_theta", hf["rope_theta"])),
                   indexer_types=indexer_types(hf, layers))
     values.update(overrides)
-    return GLM5Config(**values)
+    return config_cls(**values)
 
 
 def indexer_types(hf: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
