@@ -430,7 +430,18 @@ class _Compiler:
 
 # -- small helpers ----------------------------------------------------------------------------
 def _split(shape: str) -> list[str]:
-    return [d.strip() for d in shape.split(",")] if shape.strip() else []
+    """The dims of a shape string, split at top-level commas (not inside calls)."""
+    dims, depth, current = [], 0, ""
+    for ch in shape:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            dims.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        dims.append(current.strip())
+    return dims
 
 
 def _names(expression: str, op: str) -> set[str]:
