@@ -1,5 +1,6 @@
 """Quantization ops (OPS.md section 3): FP8 block quantization and the symmetric INT4 weight
-format (fake-quant for QAT, packing, unpacking, the W4A16 GEMM)."""
+format (fake-quant for QAT, packing, unpacking, the W4A16 GEMM); the GEMMs on the checkpoint
+formats (section 3.1): FP8 with 128 x 128 block scales, INT8 W8A8, and their grouped forms."""
 from __future__ import annotations
 
 import torch
@@ -121,21 +122,11 @@ w4a16_gemm = define(
 
 
 # -- GEMMs on the checkpoint formats (OPS.md section 3.1) -------------------------------------
-def _check_counts(op: str, rows: int, tokens_per_expert) -> None:
-    """tokens_per_expert >= 0, summing to `rows` (the rows of the activations)."""
-    if tokens_per_expert.numel() == 0:
-        if rows != 0:
-            C.fail(op, "tokens_per_expert", f"counts summing to {rows} (the rows of the activations)", "no experts")
-        return
-    e = C.first_outside(tokens_per_expert, 0, 2**31)
-    if e >= 0:
-        C.fail(op, "tokens_per_expert", "counts >= 0", f"{int(tokens_per_expert[e])} for expert {e}")
-    count = C.total(tokens_per_expert)
-    if count != rows:
-        C.fail(op, "tokens_per_expert", f"counts summing to {rows} (the rows of the activations)", f"sum {count}")
-
-
 _K_BLOCKS = Rule("a", f"K % {BLOCK} == 0", f"a last dim K that is a multiple of {BLOCK} (the FP8 block)")
+# |x * w| <= 128^2 for int8 operands: K products fit the contract's exact int32 accumulator
+INT8_MAX_K = (2**31 - 1) // 128**2
+_INT8_K = Rule("x", f"K <= {INT8_MAX_K}", f"a last dim K <= {INT8_MAX_K} (K products of int8 values, each "
+                                          "at most 128^2 in magnitude, must fit the int32 accumulator)")
 
 
 def _fake_gemm(rows, n, like, out_dtype):
@@ -166,8 +157,8 @@ fp8_grouped_gemm = define(
               w_scale=Tensor(f"E, ceil_div(N, {BLOCK}), K // {BLOCK}", F32), tokens_per_expert=Tensor("E", I32),
               out_dtype=DType(OUT_DTYPES)),
     rules=[_K_BLOCKS],
-    check_values=lambda a, a_scale, w, w_scale, tokens_per_expert, out_dtype: _check_counts(
-        "fp8_grouped_gemm", a.shape[0], tokens_per_expert),
+    check_values=lambda a, a_scale, w, w_scale, tokens_per_expert, out_dtype: C.expert_counts(
+        "fp8_grouped_gemm", tokens_per_expert, a.shape[0], "a"),
     fake=lambda a, a_scale, w, w_scale, tokens_per_expert, out_dtype: _fake_gemm(a.shape[0], w.shape[1], a,
                                                                                   out_dtype),
     doc=f"""fp8_block_gemm per expert over its contiguous rows (moe_permute's layout).
@@ -188,23 +179,27 @@ def _fake_int8_quant(x):
 int8_quant = define(
     ref.int8_quant,
     args=dict(x=Tensor("..., K", FLOAT)),
+    rules=[Rule("x", "K >= 1", "a last dim K >= 1 (a row to take the maximum of)")],
     fake=_fake_int8_quant,
     doc="""Dynamic symmetric per-token INT8 quantization (W8A8 activations).
 
     x:      [..., K] bfloat16 | float16 | float32
     returns (q int8 [..., K], scale float32 [...]): per row s = max |x| / 127 and
             q = clamp(round_half_even(x / s), -127, 127), computed in float32; an all-zero
-            row gets s = 0 and q = 0. q * s dequantizes.
+            row (or one so small that s underflows to 0) gets s = 0 and q = 0. q * s
+            dequantizes. A row holding inf or nan gets a non-finite s (its codes are
+            unspecified; q * s is nan).
     """)
 
 int8_gemm = define(
     ref.int8_gemm,
     args=dict(x=Tensor("M, K", I8), x_scale=Tensor("M", F32), w=Tensor("N, K", I8), w_scale=Tensor("N", F32),
               out_dtype=DType(OUT_DTYPES), bias=Tensor("N", F32, optional=True)),
+    rules=[_INT8_K],
     fake=lambda x, x_scale, w, w_scale, out_dtype, bias: _fake_gemm(x.shape[0], w.shape[0], x, out_dtype),
     doc="""A W8A8 GEMM: per-token activation scales times per-channel weight scales.
 
-    x:         [M, K] int8 activations (int8_quant)
+    x:         [M, K] int8 activations (int8_quant), K <= 131071
     x_scale:   [M] float32
     w:         [N, K] int8 weight
     w_scale:   [N] float32, one scale per output channel
@@ -218,8 +213,9 @@ int8_grouped_gemm = define(
     ref.int8_grouped_gemm,
     args=dict(x=Tensor("M, K", I8), x_scale=Tensor("M", F32), w=Tensor("E, N, K", I8), w_scale=Tensor("E, N", F32),
               tokens_per_expert=Tensor("E", I32), out_dtype=DType(OUT_DTYPES)),
-    check_values=lambda x, x_scale, w, w_scale, tokens_per_expert, out_dtype: _check_counts(
-        "int8_grouped_gemm", x.shape[0], tokens_per_expert),
+    rules=[_INT8_K],
+    check_values=lambda x, x_scale, w, w_scale, tokens_per_expert, out_dtype: C.expert_counts(
+        "int8_grouped_gemm", tokens_per_expert, x.shape[0], "x"),
     fake=lambda x, x_scale, w, w_scale, tokens_per_expert, out_dtype: _fake_gemm(x.shape[0], w.shape[1], x,
                                                                                   out_dtype),
     doc="""int8_gemm per expert over its contiguous rows (moe_permute's layout).

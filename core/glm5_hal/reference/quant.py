@@ -92,31 +92,46 @@ def _compute_dtype(scale: torch.Tensor) -> torch.dtype:
     return torch.float64 if scale.dtype == torch.float64 else torch.float32
 
 
-def _blocks(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """A per-block scale [ceil(rows/128), ceil(cols/128)] expanded to one value per element."""
+def _scaled_blocks(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """values [R, C] (a fresh tensor, scaled in place) times one scale per block of 128 columns,
+    scale [R, ceil(C/128)]: a view per whole block, so nothing of the size of values is
+    allocated again (the reference must stay affordable at GLM-5's shapes)."""
     b = FP8_GEMM_BLOCK
-    return scale.repeat_interleave(b, dim=0)[:rows].repeat_interleave(b, dim=1)[:, :cols]
+    rows, cols = values.shape
+    whole = cols // b
+    values[:, : whole * b].view(rows, whole, b).mul_(scale[:, :whole, None])
+    if whole * b < cols:
+        values[:, whole * b:].mul_(scale[:, whole:])
+    return values
 
 
 def fp8_block_dequantize(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An FP8 weight [N, K] with its 128 x 128 block scales [ceil(N/128), K/128] (which multiply,
-    despite the checkpoints' name `weight_scale_inv`) in `dtype`."""
-    return w.to(dtype) * _blocks(w_scale.to(dtype), w.shape[0], w.shape[1])
+    """An FP8 weight [N, K] with its 128 x 128 block scales [ceil(N/128), ceil(K/128)] (which
+    multiply, despite the checkpoints' name `weight_scale_inv`) in `dtype`."""
+    row_scales = w_scale.to(dtype).repeat_interleave(FP8_GEMM_BLOCK, dim=0)[: w.shape[0]]
+    return _scaled_blocks(w.to(dtype), row_scales)
 
 
 def fp8_block_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                    out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     ct = _compute_dtype(a_scale)
-    a_deq = a.to(ct) * a_scale.to(ct).repeat_interleave(FP8_GEMM_BLOCK, dim=1)[:, : a.shape[1]]
+    a_deq = _scaled_blocks(a.to(ct), a_scale.to(ct))
     return (a_deq @ fp8_block_dequantize(w, w_scale, ct).T).to(out_dtype)
+
+
+def _per_expert(gemm, x, x_scale, w, w_scale, tokens_per_expert, out_dtype) -> torch.Tensor:
+    """`gemm` over each expert's contiguous rows; experts without rows cost nothing (their
+    weight is never dequantized)."""
+    counts = tokens_per_expert.tolist()
+    empty = torch.empty(0, w.shape[1], dtype=out_dtype, device=x.device)
+    outs = [gemm(rows, scales, w[e], w_scale[e], out_dtype) if n else empty
+            for e, (n, rows, scales) in enumerate(zip(counts, x.split(counts), x_scale.split(counts)))]
+    return torch.cat(outs) if outs else empty
 
 
 def fp8_grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                      tokens_per_expert: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    counts = tokens_per_expert.tolist()
-    outs = [fp8_block_gemm(rows, scales, w[e], w_scale[e], out_dtype)
-            for e, (rows, scales) in enumerate(zip(a.split(counts), a_scale.split(counts)))]
-    return torch.cat(outs) if outs else torch.empty(0, w.shape[1], dtype=out_dtype, device=a.device)
+    return _per_expert(fp8_block_gemm, a, a_scale, w, w_scale, tokens_per_expert, out_dtype)
 
 
 def int8_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +156,4 @@ def int8_gemm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: 
 
 def int8_grouped_gemm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                       tokens_per_expert: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    counts = tokens_per_expert.tolist()
-    outs = [int8_gemm(rows, scales, w[e], w_scale[e], out_dtype)
-            for e, (rows, scales) in enumerate(zip(x.split(counts), x_scale.split(counts)))]
-    return torch.cat(outs) if outs else torch.empty(0, w.shape[1], dtype=out_dtype, device=x.device)
+    return _per_expert(int8_gemm, x, x_scale, w, w_scale, tokens_per_expert, out_dtype)
