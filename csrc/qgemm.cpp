@@ -66,8 +66,10 @@ const Int8Tile& int8_tile() {
 enum class Kind { kFp8, kInt8, kBf16 };
 
 constexpr int64_t kMaxNc = 8 * kNr;     // output columns per task (at most)
-constexpr int64_t kFloatKc = 1024;      // K block of the float path (a multiple of 128)
-constexpr int64_t kIntKc = 2048;        // K block of the int8 path (a multiple of 64)
+constexpr int64_t kFloatKc = 512;       // K block of the float path (a multiple of 128)
+constexpr int64_t kIntKc = 1024;        // K block of the int8 path (a multiple of 64)
+constexpr int64_t kRowBlock = 256;      // rows whose C block (x nc columns) stays in L2
+constexpr int64_t kStreamedMaxRows = 64;  // experts with at most this many rows stream the weights
 constexpr int64_t kInt8MaxK = (int64_t{1} << 31) / (128 * 128) - 1;  // |sum| < 2^31: 131071
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -125,36 +127,43 @@ void check_problem(const Problem& p) {
   }
 }
 
-// Row layout: expert e's rows are a.rows [src_row[e], src_row[e] + counts[e]) and scratch rows
-// [pad_row[e], pad_row[e] + round_up(counts[e], mr)).
-struct Rows {
-  std::vector<int64_t> src_row, pad_row;
-  int64_t padded = 0;
-  Rows(const int32_t* counts, int64_t experts, int mr) : src_row(experts), pad_row(experts) {
-    int64_t src = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      src_row[e] = src;
-      pad_row[e] = padded;
-      src += counts[e];
-      padded += round_up(counts[e], mr);
+// The call's shared, read-only state.
+struct Call {
+  const Problem& p;
+  bool int8, fp8;
+  const FloatTile& ft;
+  const Int8Tile& it;
+  int mr;                 // rows per tile call
+  bool biased;            // int8 tiles multiply unsigned (x + 128) by signed bytes
+  int64_t m, n, k, kp;    // kp: K padded to whole K steps
+  int64_t kc_max;         // K block
+  int64_t kb, nb;         // FP8 scale blocks along K and along N
+  std::vector<int64_t> src_row;  // expert e's rows: [src_row[e], src_row[e] + counts[e])
+
+  Call(const Problem& problem, const FloatTile& f, const Int8Tile& i)
+      : p(problem), int8(problem.kind == Kind::kInt8), fp8(problem.kind == Kind::kFp8), ft(f), it(i),
+        mr(int8 ? i.mr : f.mr), biased(int8 && i.biased_a), m(problem.a.rows), n(problem.w.rows),
+        k(problem.a.cols), kp(round_up(k, int8 ? qgemm::kIntKStep : qgemm::kFloatKStep)),
+        kc_max(int8 ? kIntKc : kFloatKc), kb(k / kScaleBlock), nb(ceil_div(n, kScaleBlock)),
+        src_row(static_cast<size_t>(problem.w.experts)) {
+    int64_t row = 0;
+    for (int64_t e = 0; e < problem.w.experts; ++e) {
+      src_row[e] = row;
+      row += problem.counts[e];
     }
   }
+  const void* weights(int64_t e) const {
+    return static_cast<const char*>(p.w.data) + e * p.w.expert_stride * dtype_bytes(p.w.dtype);
+  }
+  void begin() const {
+    void (*f)() = int8 ? it.begin : ft.begin;
+    if (f) f();
+  }
+  void end() const {
+    void (*f)() = int8 ? it.end : ft.end;
+    if (f) f();
+  }
 };
-
-// The activations as the tiles read them: rows copied into a zero-padded scratch [padded, kp].
-template <typename T, typename Convert>
-void pack_activations(const Problem& p, const Rows& rows, int64_t kp, std::vector<T>& dst, int nt, Convert convert) {
-  dst.assign(static_cast<size_t>(rows.padded * kp), T{});
-  const int64_t m = p.a.rows, k = p.a.cols;
-  std::vector<int64_t> dst_row(static_cast<size_t>(m));
-  for (int64_t e = 0; e < p.w.experts; ++e)
-    for (int64_t r = 0; r < p.counts[e]; ++r) dst_row[rows.src_row[e] + r] = rows.pad_row[e] + r;
-  const int64_t es = dtype_bytes(p.a.dtype);
-  const char* base = static_cast<const char*>(p.a.data);
-  const int threads = threads_for(m * k, nt);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < m; ++r) convert(base + r * p.a.row_stride * es, k, dst.data() + dst_row[r] * kp);
-}
 
 // float32 values of one row segment into the output dtype.
 void store_row(const GemmOutput& out, int64_t row, int64_t col, const float* v, int64_t n) {
@@ -162,147 +171,282 @@ void store_row(const GemmOutput& out, int64_t row, int64_t col, const float* v, 
   vec::kernels().store(out.dtype, v, n, static_cast<char*>(out.data) + (row * out.row_stride + col) * es);
 }
 
-struct TaskScratch {
-  std::vector<uint16_t> bf;     // float path: packed panels of one K block
-  std::vector<int8_t> bi;       // int8 path
-  std::vector<int32_t> col_sum;
-  std::vector<float> cf;        // C buffer [rows, nc]
-  std::vector<int32_t> ci;
-  std::vector<float> row;       // epilogue row
-};
+// out[row, n0 : n0 + count] of expert e from int32 sums[j * step]: the sum less 128 times the
+// biased operand's partner sums (offset + col_offset[j], wrapping: the true sum fits int32,
+// the biased one need not), times x_scale[row] * w_scale[e, n], plus bias[n].
+void store_int8_row(const Call& c, int64_t e, int64_t row, int64_t n0, const int32_t* sums, int64_t step,
+                    int32_t offset, const int32_t* col_offset, int64_t count, std::vector<float>& tmp) {
+  tmp.resize(static_cast<size_t>(count));
+  const float xs = c.p.a.scale[row];
+  const float* ws = c.p.w.scale + e * c.n + n0;
+  for (int64_t j = 0; j < count; ++j) {
+    const uint32_t bias128 = 128u * (static_cast<uint32_t>(offset) + (col_offset ? static_cast<uint32_t>(col_offset[j]) : 0u));
+    const int32_t sum = static_cast<int32_t>(static_cast<uint32_t>(sums[j * step]) - bias128);
+    float v = static_cast<float>(sum) * xs * ws[j];
+    if (c.p.bias) v += c.p.bias[n0 + j];
+    tmp[j] = v;
+  }
+  store_row(c.p.out, row, n0, tmp.data(), count);
+}
 
-void run(const Problem& p, int num_threads) {
-  check_problem(p);
-  const int64_t m = p.a.rows, n = p.w.rows, k = p.a.cols, experts = p.w.experts;
-  if (m == 0 || n == 0) return;
-  const int nt = clamp_threads(num_threads);
-  const bool int8 = p.kind == Kind::kInt8;
-  const FloatTile& ft = float_tile();
-  const Int8Tile& it = int8_tile();
-  const int mr = int8 ? it.mr : ft.mr;
-  const Rows rows(p.counts, experts, mr);
-  const int64_t kp = round_up(k, int8 ? qgemm::kIntKStep : qgemm::kFloatKStep);
-  const int64_t kc_max = int8 ? kIntKc : kFloatKc;
-  const int64_t kb = k / kScaleBlock;              // FP8 scale blocks along K
-  const int64_t nb = ceil_div(n, kScaleBlock);     // FP8 weight blocks along N
-
-  // activations
+// ---- packed-weights form: experts with many rows ---------------------------------------------
+// The activations are copied into a zero-padded row-major scratch (whole row tiles per expert,
+// whole K steps); per task (expert, block of nc output columns) and K block the nc weight rows
+// are packed into 32-column panels, then every row tile of the expert runs against every panel.
+void run_packed(const Call& c, const std::vector<int64_t>& experts, int nt) {
+  const Problem& p = c.p;
+  // padded rows of the scratch, per expert
+  std::vector<int64_t> pad_row(static_cast<size_t>(p.w.experts), 0);
+  int64_t padded = 0;
+  for (int64_t e : experts) {
+    pad_row[e] = padded;
+    padded += round_up(p.counts[e], c.mr);
+  }
+  // Row stride of the scratch: one cache line more than K, so that the rows of a tile do not
+  // all fall into the same L1 sets (a stride that is a multiple of 4 KiB would).
+  const int64_t lda = c.kp + (c.int8 ? 64 : 32);
   std::vector<uint16_t> af;
   std::vector<int8_t> ai;
   std::vector<float> row_scale;  // FP8: a_scale rows at the padded row positions
-  if (p.kind == Kind::kFp8) {
-    const uint16_t* table = qgemm::fp8_bf16_table();
-    pack_activations(p, rows, kp, af, nt, [table](const char* src, int64_t len, uint16_t* dst) {
-      const uint8_t* s = reinterpret_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < len; ++i) dst[i] = table[s[i]];
-    });
-    row_scale.assign(static_cast<size_t>(rows.padded * kb), 0.0f);
-    for (int64_t e = 0; e < experts && kb > 0; ++e)
-      std::memcpy(row_scale.data() + rows.pad_row[e] * kb, p.a.scale + rows.src_row[e] * kb,
-                  sizeof(float) * static_cast<size_t>(p.counts[e] * kb));
-  } else if (p.kind == Kind::kBf16) {
-    pack_activations(p, rows, kp, af, nt, [](const char* src, int64_t len, uint16_t* dst) {
-      std::memcpy(dst, src, sizeof(uint16_t) * static_cast<size_t>(len));
-    });
-  } else {
-    const bool biased = it.biased_a;
-    // x + 128 as an unsigned byte is x with its sign bit flipped (K padding stays 0: the packed
-    // weights are 0 there, so it contributes nothing either way)
-    pack_activations(p, rows, kp, ai, nt, [biased](const char* src, int64_t len, int8_t* dst) {
-      const uint8_t flip = biased ? 0x80u : 0u;
-      for (int64_t i = 0; i < len; ++i) dst[i] = static_cast<int8_t>(static_cast<uint8_t>(src[i]) ^ flip);
-    });
+  if (c.int8) ai.assign(static_cast<size_t>(padded * lda), 0);
+  else af.assign(static_cast<size_t>(padded * lda), 0);
+  if (c.fp8) row_scale.assign(static_cast<size_t>(padded * c.kb), 0.0f);
+  std::vector<std::pair<int64_t, int64_t>> copies;  // (source row, scratch row)
+  for (int64_t e : experts)
+    for (int64_t r = 0; r < p.counts[e]; ++r) copies.emplace_back(c.src_row[e] + r, pad_row[e] + r);
+  const int64_t ncopies = static_cast<int64_t>(copies.size());
+  const int64_t es = dtype_bytes(p.a.dtype);
+  const char* abase = static_cast<const char*>(p.a.data);
+#pragma omp parallel for num_threads(threads_for(ncopies * c.k, nt)) schedule(static)
+  for (int64_t i = 0; i < ncopies; ++i) {
+    const char* src = abase + copies[i].first * p.a.row_stride * es;
+    const int64_t dst = copies[i].second;
+    if (c.fp8) {
+      c.ft.fp8_to_bf16(reinterpret_cast<const uint8_t*>(src), c.k, &af[dst * lda]);
+      if (c.kb) std::memcpy(&row_scale[dst * c.kb], p.a.scale + copies[i].first * c.kb, sizeof(float) * c.kb);
+    } else if (c.int8) {
+      // x + 128 as an unsigned byte is x with its sign bit flipped; the K padding may stay 0:
+      // the packed weights are 0 there
+      const uint8_t flip = c.biased ? 0x80u : 0u;
+      for (int64_t j = 0; j < c.k; ++j)
+        ai[dst * lda + j] = static_cast<int8_t>(static_cast<uint8_t>(src[j]) ^ flip);
+    } else {
+      std::memcpy(&af[dst * lda], src, sizeof(uint16_t) * static_cast<size_t>(c.k));
+    }
   }
 
-  // tasks: (expert with rows, column block)
-  int64_t active = 0;
-  for (int64_t e = 0; e < experts; ++e) active += p.counts[e] > 0;
+  // tasks: (expert, column block); smaller column blocks when there are few of them
   int64_t nc = kMaxNc;
-  if (active * ceil_div(n, nc) < 4 * nt)  // few big tasks: smaller column blocks balance the threads
-    nc = std::max<int64_t>(kNr, round_up(ceil_div(n * active, 4 * nt), kNr));
-  nc = std::min(nc, round_up(n, kNr));
-  const int64_t col_blocks = ceil_div(n, nc);
+  const int64_t count = static_cast<int64_t>(experts.size());
+  if (count * ceil_div(c.n, nc) < 4 * nt) nc = std::max<int64_t>(kNr, round_up(ceil_div(c.n * count, 4 * nt), kNr));
+  nc = std::min(nc, round_up(c.n, kNr));
   std::vector<std::pair<int64_t, int64_t>> tasks;
-  for (int64_t e = 0; e < experts; ++e)
-    if (p.counts[e] > 0)
-      for (int64_t c = 0; c < col_blocks; ++c) tasks.emplace_back(e, c * nc);
+  for (int64_t e : experts)
+    for (int64_t n0 = 0; n0 < c.n; n0 += nc) tasks.emplace_back(e, n0);
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
-  advise_fresh_output(p.out.data, m * p.out.row_stride * dtype_bytes(p.out.dtype));
-  const char* wbase = static_cast<const char*>(p.w.data);
+
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, ntasks)))
+  {
+    std::vector<uint16_t> bf;      // packed weight panels
+    std::vector<int8_t> bi;
+    std::vector<int32_t> col_sum;  // biased int8: the packed weight columns' sums
+    std::vector<float> cf, tmp;    // C buffer [rows, nc]
+    std::vector<int32_t> ci;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntasks; ++t) {
+      const int64_t e = tasks[t].first, n0 = tasks[t].second;
+      const int64_t ncur = std::min(nc, c.n - n0), panels = ceil_div(ncur, kNr), ldc = panels * kNr;
+      const int64_t erows = p.counts[e], eprows = round_up(erows, c.mr);
+      const void* we = c.weights(e);
+      // the task's weights, packed once for all of K: [panels][kp / 2|4][32][2|4]
+      if (c.int8) {
+        ci.assign(static_cast<size_t>(eprows * ldc), 0);
+        col_sum.assign(static_cast<size_t>(ldc), 0);
+        bi.resize(static_cast<size_t>(panels * c.kp * kNr));
+        for (int64_t j = 0; j < panels; ++j)
+          c.it.pack(static_cast<const int8_t*>(we), p.w.row_stride, c.n, c.k, n0 + j * kNr, 0, c.kp,
+                    bi.data() + j * c.kp * kNr, c.biased ? col_sum.data() + j * kNr : nullptr);
+      } else {
+        cf.assign(static_cast<size_t>(eprows * ldc), 0.0f);
+        bf.resize(static_cast<size_t>(panels * c.kp * kNr));
+        for (int64_t j = 0; j < panels; ++j)
+          c.ft.pack(we, p.w.dtype, p.w.row_stride, c.n, c.k, n0 + j * kNr, 0, c.kp, bf.data() + j * c.kp * kNr);
+      }
+      c.begin();
+      // Blocks of row tiles whose C rows stay in L2 over the K blocks; within a K block a row
+      // tile's activations (mr x kc) stay in L1 while every panel passes by.
+      const int64_t mc = round_up(kRowBlock, c.mr);
+      for (int64_t m0 = 0; m0 < eprows; m0 += mc)
+        for (int64_t k0 = 0; k0 < c.kp; k0 += c.kc_max) {
+          const int64_t kc = std::min(c.kc_max, c.kp - k0);
+          for (int64_t r0 = m0; r0 < std::min(eprows, m0 + mc); r0 += c.mr)
+            for (int64_t j = 0; j < panels; ++j) {
+              if (c.int8) {
+                c.it.tile(ai.data() + (pad_row[e] + r0) * lda + k0, lda, bi.data() + (j * c.kp + k0) * kNr, kc,
+                          ci.data() + r0 * ldc + j * kNr, ldc, k0 > 0);
+                continue;
+              }
+              qgemm::BlockScales scales{};
+              if (c.fp8)  // a_scale per row, w_scale one per block for the panel
+                scales = {row_scale.data() + (pad_row[e] + r0) * c.kb + k0 / kScaleBlock, c.kb,
+                          p.w.scale + (e * c.nb + (n0 + j * kNr) / kScaleBlock) * c.kb + k0 / kScaleBlock, 1, 0};
+              c.ft.tile(af.data() + (pad_row[e] + r0) * lda + k0, lda, bf.data() + (j * c.kp + k0) * kNr, kc,
+                        cf.data() + r0 * ldc + j * kNr, ldc, k0 > 0, c.fp8 ? &scales : nullptr);
+            }
+        }
+      c.end();
+      for (int64_t r = 0; r < erows; ++r) {
+        const int64_t row = c.src_row[e] + r;
+        if (c.int8) store_int8_row(c, e, row, n0, ci.data() + r * ldc, 1, 0, col_sum.data(), ncur, tmp);
+        else store_row(p.out, row, n0, cf.data() + r * ldc, ncur);
+      }
+    }
+  }
+}
+
+// ---- streamed-weights form: experts with few rows (decode, small MoE groups) -----------------
+// The tiles compute C^T = W A^T: their row operand is mr weight rows, read in place where the
+// tier takes the weights' format (bfloat16; int8 on tiers that multiply signed bytes) and
+// otherwise converted per K block into a small scratch (FP8 -> bfloat16; int8 + 128); their
+// panels are the expert's activations, packed once per call (32 rows per panel). No weight
+// packing: the weights stream through once.
+void run_streamed(const Call& c, const std::vector<int64_t>& experts, int nt) {
+  const Problem& p = c.p;
+  const int64_t count = static_cast<int64_t>(experts.size());
+  // activation panels, per expert: [panels][kp / pairs|quads][32][2|4]
+  std::vector<int64_t> panel0(static_cast<size_t>(count + 1), 0);
+  for (int64_t i = 0; i < count; ++i) panel0[i + 1] = panel0[i] + ceil_div(p.counts[experts[i]], kNr);
+  const int64_t panels_total = panel0[count];
+  std::vector<uint16_t> af;
+  std::vector<int8_t> ai;
+  std::vector<int32_t> a_sum;    // biased int8: the packed activation rows' sums
+  std::vector<float> a_scale_t;  // FP8: a_scale per panel as [kb][32]
+  if (c.int8) {
+    ai.assign(static_cast<size_t>(panels_total * c.kp * kNr), 0);
+    a_sum.assign(static_cast<size_t>(panels_total * kNr), 0);
+  } else {
+    af.assign(static_cast<size_t>(panels_total * c.kp * kNr), 0);
+  }
+  if (c.fp8) a_scale_t.assign(static_cast<size_t>(panels_total * c.kb * kNr), 0.0f);
+#pragma omp parallel for num_threads(threads_for(p.a.rows * c.k, nt)) schedule(dynamic, 1)
+  for (int64_t q = 0; q < panels_total; ++q) {
+    const int64_t i = std::upper_bound(panel0.begin(), panel0.end(), q) - panel0.begin() - 1;
+    const int64_t e = experts[i], m0 = (q - panel0[i]) * kNr;
+    const int64_t es = dtype_bytes(p.a.dtype);
+    const char* rows = static_cast<const char*>(p.a.data) + c.src_row[e] * p.a.row_stride * es;
+    if (c.int8) {
+      c.it.pack(reinterpret_cast<const int8_t*>(rows), p.a.row_stride, p.counts[e], c.k, m0, 0, c.kp,
+                ai.data() + q * c.kp * kNr, a_sum.data() + q * kNr);
+    } else {
+      c.ft.pack(rows, p.a.dtype, p.a.row_stride, p.counts[e], c.k, m0, 0, c.kp, af.data() + q * c.kp * kNr);
+    }
+    if (c.fp8)
+      for (int64_t r = 0; r < std::min<int64_t>(kNr, p.counts[e] - m0); ++r)
+        for (int64_t b = 0; b < c.kb; ++b)
+          a_scale_t[(q * c.kb + b) * kNr + r] = p.a.scale[(c.src_row[e] + m0 + r) * c.kb + b];
+  }
+
+  // tasks: (expert, group of row tiles of the weights)
+  const int64_t tiles = ceil_div(c.n, c.mr);
+  int64_t group = std::max<int64_t>(1, kMaxNc / c.mr);
+  if (count * ceil_div(tiles, group) < 4 * nt) group = std::max<int64_t>(1, ceil_div(tiles * count, 4 * nt));
+  std::vector<std::pair<int64_t, int64_t>> tasks;  // (index into experts, first weight row)
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t t = 0; t < tiles; t += group) tasks.emplace_back(i, t * c.mr);
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
   const int64_t wes = dtype_bytes(p.w.dtype);
 
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, ntasks)))
   {
-    TaskScratch s;
-    void (*begin)() = int8 ? it.begin : ft.begin;
-    void (*end)() = int8 ? it.end : ft.end;
+    std::vector<uint16_t> wf;   // converted weight rows [mr][kc]
+    std::vector<int8_t> wi;
+    std::vector<float> rs, cf, tmp;  // FP8 row scales [mr][kb]; C^T [mr][ldc]
+    std::vector<int32_t> ci;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntasks; ++t) {
-      if (begin) begin();
-      const int64_t e = tasks[t].first, n0 = tasks[t].second;
-      const int64_t ncur = std::min(nc, n - n0);
-      const int64_t panels = ceil_div(ncur, kNr);
-      const int64_t erows = p.counts[e], eprows = round_up(erows, mr);
-      const int64_t ldc = panels * kNr;
-      const void* we = wbase + e * p.w.expert_stride * wes;
-      if (int8) {
-        s.ci.assign(static_cast<size_t>(eprows * ldc), 0);
-        s.col_sum.assign(static_cast<size_t>(ldc), 0);
-      } else {
-        s.cf.assign(static_cast<size_t>(eprows * ldc), 0.0f);
-      }
-      for (int64_t k0 = 0; k0 < kp; k0 += kc_max) {
-        const int64_t kc = std::min(kc_max, kp - k0);
-        if (int8) {
-          s.bi.resize(static_cast<size_t>(panels * kc * kNr));
-          for (int64_t j = 0; j < panels; ++j)
-            qgemm::pack_int8_panel(static_cast<const int8_t*>(we), p.w.row_stride, n, k, n0 + j * kNr, k0, kc,
-                                   s.bi.data() + j * kc * kNr, it.biased_a ? s.col_sum.data() + j * kNr : nullptr);
-          for (int64_t r0 = 0; r0 < eprows; r0 += mr)
-            for (int64_t j = 0; j < panels; ++j)
-              it.tile(ai.data() + (rows.pad_row[e] + r0) * kp + k0, kp, s.bi.data() + j * kc * kNr, kc,
-                      s.ci.data() + r0 * ldc + j * kNr, ldc, k0 > 0);
-        } else {
-          s.bf.resize(static_cast<size_t>(panels * kc * kNr));
-          for (int64_t j = 0; j < panels; ++j)
-            qgemm::pack_float_panel(we, p.w.dtype, p.w.row_stride, n, k, n0 + j * kNr, k0, kc,
-                                    s.bf.data() + j * kc * kNr);
-          for (int64_t r0 = 0; r0 < eprows; r0 += mr)
-            for (int64_t j = 0; j < panels; ++j) {
-              const float* rs = nullptr;
-              const float* cs = nullptr;
-              if (p.kind == Kind::kFp8) {
-                rs = row_scale.data() + (rows.pad_row[e] + r0) * kb + k0 / kScaleBlock;
-                cs = p.w.scale + (e * nb + (n0 + j * kNr) / kScaleBlock) * kb + k0 / kScaleBlock;
-              }
-              ft.tile(af.data() + (rows.pad_row[e] + r0) * kp + k0, kp, s.bf.data() + j * kc * kNr, kc,
-                      s.cf.data() + r0 * ldc + j * kNr, ldc, k0 > 0, rs, kb, cs);
+      const int64_t i = tasks[t].first, e = experts[i];
+      const int64_t panels = panel0[i + 1] - panel0[i], ldc = panels * kNr, erows = p.counts[e];
+      const char* we = static_cast<const char*>(c.weights(e));
+      const int64_t nend = std::min(c.n, tasks[t].second + group * c.mr);
+      c.begin();
+      for (int64_t n0 = tasks[t].second; n0 < nend; n0 += c.mr) {
+        const int64_t rows = std::min<int64_t>(c.mr, c.n - n0);
+        if (c.int8) ci.assign(static_cast<size_t>(c.mr * ldc), 0);
+        else cf.assign(static_cast<size_t>(c.mr * ldc), 0.0f);
+        if (c.fp8) {
+          rs.assign(static_cast<size_t>(c.mr * c.kb), 0.0f);
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(&rs[r * c.kb], p.w.scale + (e * c.nb + (n0 + r) / kScaleBlock) * c.kb,
+                        sizeof(float) * static_cast<size_t>(c.kb));
+        }
+        for (int64_t k0 = 0; k0 < c.kp; k0 += c.kc_max) {
+          const int64_t kc = std::min(c.kc_max, c.kp - k0);
+          // the tile's weight rows, copied (converted) into a zero-padded scratch: the copy reads
+          // each row sequentially, which the hardware prefetches far better than tile loads
+          // striding over mr rows
+          const int64_t len = std::max<int64_t>(0, std::min(kc, c.k - k0));
+          if (c.int8) wi.assign(static_cast<size_t>(c.mr * kc), 0);
+          else wf.assign(static_cast<size_t>(c.mr * kc), 0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const char* src = we + ((n0 + r) * p.w.row_stride + k0) * wes;
+            if (c.fp8) {
+              c.ft.fp8_to_bf16(reinterpret_cast<const uint8_t*>(src), len, &wf[r * kc]);
+            } else if (c.int8) {
+              const uint8_t flip = c.biased ? 0x80u : 0u;   // x + 128 as an unsigned byte
+              for (int64_t j = 0; j < len; ++j) wi[r * kc + j] = static_cast<int8_t>(static_cast<uint8_t>(src[j]) ^ flip);
+            } else {
+              std::memcpy(&wf[r * kc], src, sizeof(uint16_t) * static_cast<size_t>(len));
             }
+          }
+          const char* a = c.int8 ? reinterpret_cast<const char*>(wi.data()) : reinterpret_cast<const char*>(wf.data());
+          const int64_t lda = kc;
+          for (int64_t q = 0; q < panels; ++q) {
+            const int64_t panel = panel0[i] + q;
+            if (c.int8) {
+              c.it.tile(reinterpret_cast<const int8_t*>(a), lda, ai.data() + panel * c.kp * kNr + k0 * kNr, kc,
+                        ci.data() + q * kNr, ldc, k0 > 0);
+              continue;
+            }
+            qgemm::BlockScales scales{};
+            if (c.fp8)  // w_scale per weight row, a_scale per activation row (a column of C^T)
+              scales = {rs.data() + k0 / kScaleBlock, c.kb,
+                        a_scale_t.data() + (panel * c.kb + k0 / kScaleBlock) * kNr, kNr, 1};
+            c.ft.tile(reinterpret_cast<const uint16_t*>(a), lda, af.data() + panel * c.kp * kNr + k0 * kNr, kc,
+                      cf.data() + q * kNr, ldc, k0 > 0, c.fp8 ? &scales : nullptr);
+          }
+        }
+        // C^T [rows][erows] -> out[row, n0 : n0 + rows]
+        tmp.resize(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < erows; ++r) {
+          const int64_t row = c.src_row[e] + r;
+          if (c.int8) {
+            const int32_t offset = c.biased ? a_sum[(panel0[i] + r / kNr) * kNr + r % kNr] : 0;
+            // here the biased operand is the weights: 128 * sum of the activation row
+            store_int8_row(c, e, row, n0, ci.data() + r, ldc, offset, nullptr, rows, tmp);
+          } else {
+            for (int64_t j = 0; j < rows; ++j) tmp[j] = cf[j * ldc + r];
+            store_row(p.out, row, n0, tmp.data(), rows);
+          }
         }
       }
-      if (end) end();
-      // epilogue
-      const int64_t row0 = rows.src_row[e];
-      if (!int8) {
-        for (int64_t r = 0; r < erows; ++r) store_row(p.out, row0 + r, n0, s.cf.data() + r * ldc, ncur);
-        continue;
-      }
-      s.row.resize(static_cast<size_t>(ncur));
-      const float* ws = p.w.scale + e * n + n0;
-      for (int64_t r = 0; r < erows; ++r) {
-        const int32_t* c = s.ci.data() + r * ldc;
-        const float xs = p.a.scale[row0 + r];
-        for (int64_t j = 0; j < ncur; ++j) {
-          // remove the bias of unsigned A (wrapping: the true sum fits int32, the biased one may not)
-          const uint32_t sum = static_cast<uint32_t>(c[j]) - 128u * static_cast<uint32_t>(s.col_sum[j]);
-          float v = static_cast<float>(static_cast<int32_t>(sum)) * xs * ws[j];
-          if (p.bias) v += p.bias[n0 + j];
-          s.row[j] = v;
-        }
-        store_row(p.out, row0 + r, n0, s.row.data(), ncur);
-      }
+      c.end();
     }
   }
+}
+
+void run(const Problem& p, int num_threads) {
+  check_problem(p);
+  if (p.a.rows == 0 || p.w.rows == 0) return;
+  const int nt = clamp_threads(num_threads);
+  const Call c(p, float_tile(), int8_tile());
+  advise_fresh_output(p.out.data, p.a.rows * p.out.row_stride * dtype_bytes(p.out.dtype));
+  std::vector<int64_t> streamed, packed;
+  for (int64_t e = 0; e < p.w.experts; ++e) {
+    if (p.counts[e] == 0) continue;
+    (p.counts[e] <= kStreamedMaxRows ? streamed : packed).push_back(e);
+  }
+  if (!streamed.empty()) run_streamed(c, streamed, nt);
+  if (!packed.empty()) run_packed(c, packed, nt);
 }
 
 }  // namespace

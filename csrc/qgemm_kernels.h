@@ -35,24 +35,47 @@ constexpr int kIntKStep = 64;      // K granularity of the int8 path (an AMX int
 // the best lower tier it has.
 enum Isa : int { kPortable = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512 = 3, kAmx = 4 };
 
+// FP8 block scales of one tile call: the sum over 128-K block b of C[r][c] is multiplied by
+// row[r * row_stride + b] * col[b * col_block_stride + c * col_stride] before it is added, in
+// float32. col_stride is 0 (one column scale per block for the whole panel) or 1.
+struct BlockScales {
+  const float* row;
+  int64_t row_stride;
+  const float* col;
+  int64_t col_block_stride;
+  int64_t col_stride;
+};
+
+// One panel of 32 columns packed from rows n0..n0+32 of w (row stride w_stride elements; rows
+// >= n are zero) over the K range [k0, k0 + kc) (elements >= k are zero): float path from
+// bfloat16 or FP8 (converted exactly), int8 path with col_sum[c] += the packed column's sum
+// (when col_sum is given).
+using PackFloat = void (*)(const void* w, DType wd, int64_t w_stride, int64_t n, int64_t k, int64_t n0, int64_t k0,
+                           int64_t kc, uint16_t* panel);
+using PackInt8 = void (*)(const int8_t* w, int64_t w_stride, int64_t n, int64_t k, int64_t n0, int64_t k0,
+                          int64_t kc, int8_t* panel, int32_t* col_sum);
+
 struct FloatTile {
   int isa;
   int mr;   // rows per tile call
+  PackFloat pack;
+  // dst[i] = the bfloat16 bits of e4m3fn src[i] (exact)
+  void (*fp8_to_bf16)(const uint8_t* src, int64_t n, uint16_t* dst);
   // Called by each thread before its first and after its last tile call of a task (AMX loads
   // its tile configuration and releases the tile state); null when nothing is needed.
   void (*begin)();
   void (*end)();
   // C[r][c] = (accumulate ? C[r][c] : 0) + sum_k A[r][k] * B[k][c] for r < mr, c < 32, over
   // k < kc (a multiple of kFloatKStep), A bf16 rows of stride lda elements, B one packed panel.
-  // With col_scale (FP8): the sum of each 128-K block b (kc a multiple of 128) is multiplied
-  // by row_scale[r * rs_stride + b] * col_scale[b] before it is added (float32 throughout).
+  // With scales (FP8; kc a multiple of 128), each 128-K block's sums are scaled (BlockScales).
   void (*tile)(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* c, int64_t ldc,
-               bool accumulate, const float* row_scale, int64_t rs_stride, const float* col_scale);
+               bool accumulate, const BlockScales* scales);
 };
 
 struct Int8Tile {
   int isa;
   int mr;
+  PackInt8 pack;
   void (*begin)();
   void (*end)();
   bool biased_a;  // A holds x + 128 as unsigned bytes: the sums carry 128 * (sum of B's column)
@@ -78,14 +101,20 @@ const Int8Tile* amx_int8_tile();       // AMX-INT8 tiles
 bool amx_usable();
 #endif
 
-// Packing (portable C++: a pass over the weights, small next to the GEMM at prefill sizes).
-// One panel of 32 columns: rows n0..n0+32 of w (row stride w_stride elements; rows >= n are
-// zero), K range [k0, k0 + kc) (elements >= k are zero).
+// Portable packing and conversion (the portable and AVX2 tiers').
 void pack_float_panel(const void* w, DType wd, int64_t w_stride, int64_t n, int64_t k, int64_t n0, int64_t k0,
                       int64_t kc, uint16_t* panel);
-// As pack_float_panel for int8 weights; col_sum[c] += sum of the packed column (for biased A).
 void pack_int8_panel(const int8_t* w, int64_t w_stride, int64_t n, int64_t k, int64_t n0, int64_t k0, int64_t kc,
                      int8_t* panel, int32_t* col_sum);
+void fp8_to_bf16(const uint8_t* src, int64_t n, uint16_t* dst);
+#if GLM5_QGEMM_X86
+// AVX-512 (F, BW) packing and conversion, shared by the AVX-512 and AMX tiers.
+void avx512_pack_float_panel(const void* w, DType wd, int64_t w_stride, int64_t n, int64_t k, int64_t n0,
+                             int64_t k0, int64_t kc, uint16_t* panel);
+void avx512_pack_int8_panel(const int8_t* w, int64_t w_stride, int64_t n, int64_t k, int64_t n0, int64_t k0,
+                            int64_t kc, int8_t* panel, int32_t* col_sum);
+void avx512_fp8_to_bf16(const uint8_t* src, int64_t n, uint16_t* dst);
+#endif
 
 // e4m3fn -> bfloat16 bits, exact (every e4m3 value is a bfloat16 value), nan kept.
 const uint16_t* fp8_bf16_table();

@@ -50,6 +50,21 @@ const TileConfig& tile_config() {
   return cfg;
 }
 
+// Tile registers are not renamed: the next K step's loads wait for this step's products, so
+// their data had better be in L1. The packed panel (from L2) is read sequentially, 2 KiB per
+// K step: fetch the step two ahead (past a panel's end that is the next panel's start).
+GLM5_TAMX inline void prefetch_ahead(const void* step) {
+  const char* p = static_cast<const char*>(step) + 2 * 2048;
+  for (int line = 0; line < 2048; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
+// The A rows of the step two ahead (rows of a scratch in L2; the first panel of a row tile
+// brings them into L1, the others find them there).
+GLM5_TAMX inline void prefetch_rows_ahead(const void* step, int64_t stride_bytes) {
+  const char* p = static_cast<const char*>(step) + 2 * 64;
+  for (int r = 0; r < kMr; ++r) _mm_prefetch(p + r * stride_bytes, _MM_HINT_T0);
+}
+
 GLM5_TAMX void begin() { _tile_loadconfig(&tile_config()); }
 GLM5_TAMX void end() { _tile_release(); }
 
@@ -71,14 +86,14 @@ GLM5_TAMX inline void store_c(void* c, int64_t ldc_bytes) {
 }
 
 GLM5_TAMX void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* c, int64_t ldc,
-                          bool accumulate, const float* rs, int64_t rs_stride, const float* cs) {
+                          bool accumulate, const BlockScales* scales) {
   const int64_t a_stride = lda * static_cast<int64_t>(sizeof(uint16_t));
   const int64_t b_stride = 2 * kNr * static_cast<int64_t>(sizeof(uint16_t));  // one K pair of 32 columns
-  const int64_t step = cs ? kScaleBlock : kc;
+  const int64_t step = scales ? kScaleBlock : kc;
   alignas(64) float block[kMr * kNr];
   for (int64_t k0 = 0, blk = 0; k0 < kc; k0 += step, ++blk) {
     const bool first = k0 == 0 && !accumulate;
-    if (!cs && !first) {
+    if (!scales && !first) {
       load_c(c, ldc);
     } else {
       _tile_zero(0);
@@ -88,26 +103,34 @@ GLM5_TAMX void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int
     }
     for (int64_t kk = k0; kk < k0 + step; kk += kFloatKStep) {
       const uint16_t* bk = b + kk * kNr;   // K pair kk / 2 of the panel
+      prefetch_ahead(bk);
+      prefetch_rows_ahead(a + kk, a_stride);
+      // loads interleaved with the products that use them: tiles are not renamed, so each load
+      // waits only for the last product of the previous step that read its register
       _tile_loadd(4, a + kk, a_stride);
-      _tile_loadd(5, a + 16 * lda + kk, a_stride);
       _tile_loadd(6, bk, b_stride);
-      _tile_loadd(7, bk + kNr, b_stride);
       _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, bk + kNr, b_stride);
       _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, a + 16 * lda + kk, a_stride);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-    if (!cs) {
+    if (!scales) {
       store_c(c, ldc * static_cast<int64_t>(sizeof(float)));
       continue;
     }
     store_c(block, kNr * static_cast<int64_t>(sizeof(float)));
+    const float* cs = scales->col + blk * scales->col_block_stride;
+    __m512 col[2];
+    for (int v = 0; v < 2; ++v) col[v] = scales->col_stride ? _mm512_loadu_ps(cs + 16 * v) : _mm512_set1_ps(cs[0]);
     for (int r = 0; r < kMr; ++r) {
-      const __m512 s = _mm512_set1_ps(rs[r * rs_stride + blk] * cs[blk]);
+      const __m512 rs = _mm512_set1_ps(scales->row[r * scales->row_stride + blk]);
       float* cr = c + r * ldc;
       for (int v = 0; v < 2; ++v) {
         const __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(cr + 16 * v);
-        _mm512_storeu_ps(cr + 16 * v, _mm512_fmadd_ps(_mm512_load_ps(block + r * kNr + 16 * v), s, prev));
+        _mm512_storeu_ps(cr + 16 * v,
+                         _mm512_fmadd_ps(_mm512_load_ps(block + r * kNr + 16 * v), _mm512_mul_ps(rs, col[v]), prev));
       }
     }
   }
@@ -130,12 +153,14 @@ GLM5_TAMX void int8_tile(const int8_t* a, int64_t lda, const int8_t* b, int64_t 
   }
   for (int64_t kk = 0; kk < kc; kk += kIntKStep) {
     const int8_t* bk = b + kk * kNr;      // K quad kk / 4 of the panel
+    prefetch_ahead(bk);
+    prefetch_rows_ahead(a + kk, lda);
     _tile_loadd(4, a + kk, lda);
-    _tile_loadd(5, a + 16 * lda + kk, lda);
     _tile_loadd(6, bk, b_stride);
-    _tile_loadd(7, bk + 2 * kNr, b_stride);
     _tile_dpbssd(0, 4, 6);
+    _tile_loadd(7, bk + 2 * kNr, b_stride);
     _tile_dpbssd(1, 4, 7);
+    _tile_loadd(5, a + 16 * lda + kk, lda);
     _tile_dpbssd(2, 5, 6);
     _tile_dpbssd(3, 5, 7);
   }
@@ -166,12 +191,12 @@ bool amx_usable() {
 }
 
 const FloatTile* amx_float_tile() {
-  static const FloatTile t{kAmx, kMr, begin, end, float_tile};
+  static const FloatTile t{kAmx, kMr, avx512_pack_float_panel, avx512_fp8_to_bf16, begin, end, float_tile};
   return amx_usable() ? &t : nullptr;
 }
 
 const Int8Tile* amx_int8_tile() {
-  static const Int8Tile t{kAmx, kMr, begin, end, false, int8_tile};
+  static const Int8Tile t{kAmx, kMr, avx512_pack_int8_panel, begin, end, false, int8_tile};
   return amx_usable() ? &t : nullptr;
 }
 

@@ -33,9 +33,9 @@ inline int32_t load32(const void* p) {
 constexpr int kFloatMr = 2;
 
 GLM5_TAVX2 void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* c, int64_t ldc,
-                           bool accumulate, const float* rs, int64_t rs_stride, const float* cs) {
+                           bool accumulate, const BlockScales* scales) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  const int64_t step = cs ? kScaleBlock : kc;
+  const int64_t step = scales ? kScaleBlock : kc;
   for (int64_t k0 = 0, blk = 0; k0 < kc; k0 += step, ++blk) {
     __m256 acc[kFloatMr][kVecs];
     for (int r = 0; r < kFloatMr; ++r)
@@ -59,10 +59,16 @@ GLM5_TAVX2 void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, in
     const bool first = k0 == 0 && !accumulate;
     for (int r = 0; r < kFloatMr; ++r) {
       float* cr = c + r * ldc;
-      const __m256 s = _mm256_set1_ps(cs ? rs[r * rs_stride + blk] * cs[blk] : 1.0f);
       for (int v = 0; v < kVecs; ++v) {
         const __m256 prev = first ? _mm256_setzero_ps() : _mm256_loadu_ps(cr + 8 * v);
-        _mm256_storeu_ps(cr + 8 * v, cs ? _mm256_fmadd_ps(acc[r][v], s, prev) : _mm256_add_ps(prev, acc[r][v]));
+        if (!scales) {
+          _mm256_storeu_ps(cr + 8 * v, _mm256_add_ps(prev, acc[r][v]));
+          continue;
+        }
+        const float* cs = scales->col + blk * scales->col_block_stride;
+        const __m256 col = scales->col_stride ? _mm256_loadu_ps(cs + 8 * v) : _mm256_set1_ps(cs[0]);
+        const __m256 s = _mm256_mul_ps(_mm256_set1_ps(scales->row[r * scales->row_stride + blk]), col);
+        _mm256_storeu_ps(cr + 8 * v, _mm256_fmadd_ps(acc[r][v], s, prev));
       }
     }
   }
@@ -132,19 +138,19 @@ bool has_avx2() {
 }  // namespace
 
 const FloatTile* avx2_float_tile() {
-  static const FloatTile t{kAvx2, kFloatMr, nullptr, nullptr, float_tile};
+  static const FloatTile t{kAvx2, kFloatMr, pack_float_panel, fp8_to_bf16, nullptr, nullptr, float_tile};
   static const bool ok = has_avx2();
   return ok ? &t : nullptr;
 }
 
 const Int8Tile* avx2_int8_tile() {
-  static const Int8Tile t{kAvx2, kMaddMr, nullptr, nullptr, false, int8_madd_tile};
+  static const Int8Tile t{kAvx2, kMaddMr, pack_int8_panel, nullptr, nullptr, false, int8_madd_tile};
   static const bool ok = has_avx2();
   return ok ? &t : nullptr;
 }
 
 const Int8Tile* avx_vnni_int8_tile() {
-  static const Int8Tile t{kAvxVnni, kVnniMr, nullptr, nullptr, true, int8_vnni_tile};
+  static const Int8Tile t{kAvxVnni, kVnniMr, pack_int8_panel, nullptr, nullptr, true, int8_vnni_tile};
   static const bool ok = has_avx2() && __builtin_cpu_supports("avxvnni");
   return ok ? &t : nullptr;
 }

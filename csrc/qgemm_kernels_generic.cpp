@@ -15,8 +15,8 @@ constexpr int kPortableMr = 4;
 inline float bf16_value(uint16_t h) { return bf16_to_f32(h); }
 
 void portable_float(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* c, int64_t ldc,
-                    bool accumulate, const float* row_scale, int64_t rs_stride, const float* col_scale) {
-  const int64_t block_pairs = col_scale ? kScaleBlock / 2 : kc / 2;
+                    bool accumulate, const BlockScales* scales) {
+  const int64_t block_pairs = scales ? kScaleBlock / 2 : kc / 2;
   for (int r = 0; r < kPortableMr; ++r) {
     const uint16_t* ar = a + r * lda;
     float total[kNr];
@@ -28,8 +28,13 @@ void portable_float(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k
         const uint16_t* bp = b + p * 2 * kNr;
         for (int j = 0; j < kNr; ++j) sum[j] += a0 * bf16_value(bp[2 * j]) + a1 * bf16_value(bp[2 * j + 1]);
       }
-      const float s = col_scale ? row_scale[r * rs_stride + blk] * col_scale[blk] : 1.0f;
-      for (int j = 0; j < kNr; ++j) total[j] += col_scale ? sum[j] * s : sum[j];
+      if (!scales) {
+        for (int j = 0; j < kNr; ++j) total[j] += sum[j];
+        continue;
+      }
+      const float rs = scales->row[r * scales->row_stride + blk];
+      const float* cs = scales->col + blk * scales->col_block_stride;
+      for (int j = 0; j < kNr; ++j) total[j] += sum[j] * (rs * cs[scales->col_stride ? j : 0]);
     }
     for (int j = 0; j < kNr; ++j) c[r * ldc + j] = total[j];
   }
@@ -58,12 +63,12 @@ void portable_int8(const int8_t* a, int64_t lda, const int8_t* b, int64_t kc, in
 }  // namespace
 
 const FloatTile& portable_float_tile() {
-  static const FloatTile t{kPortable, kPortableMr, nullptr, nullptr, portable_float};
+  static const FloatTile t{kPortable, kPortableMr, pack_float_panel, fp8_to_bf16, nullptr, nullptr, portable_float};
   return t;
 }
 
 const Int8Tile& portable_int8_tile() {
-  static const Int8Tile t{kPortable, kPortableMr, nullptr, nullptr, false, portable_int8};
+  static const Int8Tile t{kPortable, kPortableMr, pack_int8_panel, nullptr, nullptr, false, portable_int8};
   return t;
 }
 
@@ -82,6 +87,11 @@ const uint16_t* fp8_bf16_table() {
     }
   } table;
   return table.v;
+}
+
+void fp8_to_bf16(const uint8_t* src, int64_t n, uint16_t* dst) {
+  const uint16_t* table = fp8_bf16_table();
+  for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
 }
 
 void pack_float_panel(const void* w, DType wd, int64_t w_stride, int64_t n, int64_t k, int64_t n0, int64_t k0,

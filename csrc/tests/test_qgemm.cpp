@@ -341,7 +341,8 @@ int main() {
       run_fp8({{3, 2}}, 17, 0, DType::F32, fi, false);       // K = 0
       run_fp8({{0, 0}}, 17, 128, DType::F32, fi, false);     // M = 0
       run_bf16({{5, 0, 12}}, 17, 33, fi);
-      run_bf16({{40, 1}}, 70, 1030, fi);                     // two K blocks, K tail
+      run_bf16({{40, 1}}, 70, 1030, fi);                     // K tail, streamed weights
+      run_bf16({{70, 3}}, 40, 300, fi);                      // packed weights (70 rows) and streamed
       run_bf16({{1}}, 1, 1, fi);
     }
     if (new_int) {
