@@ -7,6 +7,7 @@
 #include "kv.h"
 #include "moe.h"
 #include "qgemm.h"
+#include "roofline.h"
 #include "quant.h"
 #include "vec.h"
 #include "common_ops.h"
@@ -298,6 +299,21 @@ PYBIND11_MODULE(_C, m) {
         },
         py::call_guard<py::gil_scoped_release>());
   // ---- end quantized and grouped GEMMs ----
+
+  // ---- roofline (glm5-hal bench): the machine's peak rates and memory bandwidth ----
+  m.def("roofline_fp32_fma_flops", &glm5::roofline::fp32_fma_flops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("roofline_bf16_dot_flops", &glm5::roofline::bf16_dot_flops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "vdpbf16ps; 0 without AVX-512 BF16");
+  m.def("roofline_int8_dot_ops", &glm5::roofline::int8_dot_ops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "vpdpbusd; 0 without AVX-512 VNNI or AVX-VNNI");
+  m.def("roofline_amx_bf16_flops", &glm5::roofline::amx_bf16_flops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "0 without usable AMX");
+  m.def("roofline_amx_int8_ops", &glm5::roofline::amx_int8_ops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "0 without usable AMX");
+  m.def("roofline_triad_bytes", &glm5::roofline::triad_bytes, py::arg("threads"), py::arg("elements"),
+        py::arg("passes"), py::call_guard<py::gil_scoped_release>());
+  // ---- end roofline ----
 
   // ---- value checks (glm5_hal.checks): host memory, GIL held (they take well under a microsecond) ----
   m.def("first_outside",
