@@ -2,7 +2,7 @@
 # (CPU torch pinned in requirements/cpu.txt, editable install with the native extension).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h backends/_cuda_dialect/src/* backends/_cuda_dialect/include/* backends/*/csrc/*)
+NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h core/glm5_hal/include/* backends/_cuda_dialect/src/* backends/_cuda_dialect/include/* backends/*/csrc/*)
 # The editable install maps the package's files when it is made: a new module needs a reinstall
 # (seconds when no native source changed).
 PYTHON_SOURCES := $(shell find core backends -name '*.py' -not -path '*/__pycache__/*')

@@ -92,7 +92,7 @@ def test_missing_cann_library_is_named_before_importing_the_bridge(tmp_path, mon
 
 
 def test_this_machine_has_no_libhccl():
-    reason = ascend_pkg.missing_runtime_library(AscendBackend().vendor)
+    reason = AscendBackend().missing_runtime_library()
     assert reason is not None and reason.startswith("runtime library missing: libhccl.so")
 
 

@@ -16,7 +16,8 @@ import glm5_hal as hal
 from glm5_hal import reference as ref
 from glm5_hal.backends import cambricon as cambricon_pkg
 from glm5_hal.backends.cambricon import CambriconBackend, chips, ops as mlu_ops
-from emulators.cambricon import MluEmulator, MluOpError, NotEmulatedError, SparseDecodeKernelStandIn
+from emulators.cambricon import MluEmulator, MluOpError, NotEmulatedError
+from emulators.sparse_decode import SparseDecodeKernelStandIn
 
 from conftest import seeded
 
@@ -109,7 +110,7 @@ def test_missing_neuware_library_is_named_before_importing_the_bridge(tmp_path, 
 
 
 def test_this_machine_has_no_libcnrt():
-    reason = cambricon_pkg.missing_runtime_library(CambriconBackend().vendor)
+    reason = CambriconBackend().missing_runtime_library()
     assert reason is not None and reason.startswith("runtime library missing: libcnrt.so")
 
 
@@ -601,16 +602,13 @@ def test_the_tiny_glm5_model_uses_the_vendor_indexer_in_bfloat16(mlu):
 
 # -- the ctypes side of kernels.py, against a compiled stand-in library ------------------------------
 STUB_SOURCE = r"""
-#include <stdint.h>
-int glm5_hal_mlu_sparse_mla_decode_paged(const void* q, const void* kv, const int32_t* table, const int32_t* lens,
-    const int32_t* idx, void* out, float* lse, int64_t batch, int64_t queries, int64_t heads, int64_t dqk,
-    int64_t dv, int64_t topk, int64_t num_blocks, int64_t block_size, int64_t max_blocks, float sm_scale,
-    int dtype, void* queue) {
+#include "glm5_hal_kernel_abi.h"
+int glm5_hal_sparse_mla_decode_paged(const glm5_hal_sparse_mla_decode_args* a, void* queue) {
   /* Echo the scalar arguments into lse (host memory here) so the test can read what arrived. */
-  float got[12] = {(float)batch, (float)queries, (float)heads, (float)dqk, (float)dv, (float)topk,
-                   (float)num_blocks, (float)block_size, (float)max_blocks, sm_scale, (float)dtype,
-                   (float)(lens[0] + idx[0])};
-  for (int i = 0; i < 12; ++i) lse[i] = got[i];
+  float got[12] = {(float)a->batch, (float)a->queries_per_seq, (float)a->heads, (float)a->dqk, (float)a->d_v,
+                   (float)a->topk, (float)a->num_blocks, (float)a->block_size, (float)a->max_blocks, a->sm_scale,
+                   (float)a->dtype, (float)(a->context_lens[0] + a->indices[0])};
+  for (int i = 0; i < 12; ++i) a->lse[i] = got[i];
   return queue == (void*)0 ? 0 : 7;
 }
 """
@@ -620,12 +618,14 @@ int glm5_hal_mlu_sparse_mla_decode_paged(const void* q, const void* kv, const in
 def stub_library(tmp_path):
     import shutil
     import subprocess
+    from glm5_hal.kernel_library import INCLUDE_DIR
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler to build the stand-in kernel library")
     source, library = tmp_path / "stub.c", tmp_path / "libstub.so"
     source.write_text(STUB_SOURCE)
-    subprocess.run([compiler, "-shared", "-fPIC", "-O0", str(source), "-o", str(library)], check=True)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O0", "-I", str(INCLUDE_DIR), str(source), "-o", str(library)],
+                   check=True)
     return library
 
 
@@ -636,11 +636,10 @@ def test_kernels_py_passes_pointers_sizes_and_the_queue(stub_library):
     q, cache = torch.zeros(2, 3, 4, 20, dtype=BF16), torch.zeros(7, 16, 20, dtype=BF16)
     table, lens = torch.zeros(2, 5, dtype=I32), torch.tensor([9, 2], dtype=I32)
     indices = torch.full((2, 3, 6), 4, dtype=I32)
-    out, lse = torch.zeros(2, 3, 4, 12, dtype=BF16), torch.zeros(2, 3, 4)
-    library.sparse_mla_decode_paged(q, cache, table, lens, indices, out, lse, 0.25, 0)
+    out, lse = library.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.25, 12, 0)
     assert lse.flatten()[:12].tolist() == [2, 3, 4, 20, 12, 6, 7, 16, 5, 0.25, 2, 13]
     with pytest.raises(RuntimeError, match="failed with status 7"):
-        library.sparse_mla_decode_paged(q, cache, table, lens, indices, out, lse, 0.25, 1)
+        library.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.25, 12, 1)
 
 
 def test_a_kernel_library_that_does_not_load_is_a_reason(tmp_path):

@@ -26,10 +26,12 @@ import torch
 import glm5_hal as hal
 from glm5_hal.backends import _cuda_dialect as gpu
 from glm5_hal.backends._cuda_dialect import GpuKernelLibrary, KernelError
+from glm5_hal.kernel_library import ABI_HEADER, INCLUDE_DIR
 
 from conftest import REPO, seeded
 
-HEADER_TEXT = gpu.HEADER.read_text()
+# the CUDA-dialect ABI and the kernel ABI every library shares, which it includes
+HEADER_TEXT = gpu.HEADER.read_text() + ABI_HEADER.read_text()
 SOURCES = sorted(gpu.SOURCES.glob("*.cu"))
 GLUE = {"musa": REPO / "backends/musa/csrc/glm5_hal_musa_runtime.h",
         "hip": REPO / "backends/dcu/csrc/glm5_hal_hip_runtime.h"}
@@ -47,7 +49,7 @@ def _ctype(declaration: str):
 
 def header_prototypes() -> dict[str, tuple]:
     prototypes = {}
-    for match in re.finditer(r"^(const char\*|int)\s+(glm5_hal_gpu_\w+)\(([^)]*)\);", HEADER_TEXT, re.M):
+    for match in re.finditer(r"^(const char\*|int)\s+(glm5_hal_\w+)\(([^)]*)\);", HEADER_TEXT, re.M):
         restype, name, params = match.groups()
         params = " ".join(params.split())
         argtypes = [] if params in ("", "void") else [_ctype(p.strip()) for p in params.split(",")]
@@ -71,11 +73,11 @@ def test_the_header_constants_and_the_python_mirrors_agree():
     assert define("GLM5_HAL_GPU_ABI_VERSION") == gpu.ABI_VERSION
     assert (define("GLM5_HAL_GPU_MLA_MAX_DQK"), define("GLM5_HAL_GPU_MLA_MAX_DV"),
             define("GLM5_HAL_GPU_INDEXER_MAX_QROW")) == (gpu.MLA_MAX_DQK, gpu.MLA_MAX_DV, gpu.INDEXER_MAX_QROW)
-    assert {enum("GLM5_HAL_GPU_F32"), enum("GLM5_HAL_GPU_F16"), enum("GLM5_HAL_GPU_BF16"),
-            enum("GLM5_HAL_GPU_FP8_E4M3")} == set(gpu.DTYPE_CODE.values())
+    assert {enum("GLM5_HAL_F32"), enum("GLM5_HAL_F16"), enum("GLM5_HAL_BF16"),
+            enum("GLM5_HAL_FP8_E4M3")} == set(gpu.DTYPE_CODE.values())
     assert [gpu.DTYPE_CODE[d] for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)] == [
-        enum("GLM5_HAL_GPU_F32"), enum("GLM5_HAL_GPU_F16"), enum("GLM5_HAL_GPU_BF16"), enum("GLM5_HAL_GPU_FP8_E4M3")]
-    assert (enum("GLM5_HAL_GPU_OK"), enum("GLM5_HAL_GPU_EINVAL")) == (gpu.OK, gpu.EINVAL)
+        enum("GLM5_HAL_F32"), enum("GLM5_HAL_F16"), enum("GLM5_HAL_BF16"), enum("GLM5_HAL_FP8_E4M3")]
+    assert (enum("GLM5_HAL_OK"), enum("GLM5_HAL_EINVAL")) == (gpu.OK, gpu.EINVAL)
     kernel_heads = int(re.search(r"heads > (\d+)", (gpu.SOURCES / "indexer_topk.cu").read_text()).group(1))
     assert kernel_heads == gpu.INDEXER_MAX_HEADS
 
@@ -101,7 +103,8 @@ def nvcc() -> str:
 def test_every_source_compiles_with_nvcc_without_warnings(source, tmp_path):
     result = subprocess.run(
         [nvcc(), "-c", "-std=c++17", "-O2", "-arch=sm_90", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
-         "-I", str(gpu.HERE / "include"), "-I", str(gpu.SOURCES), "-o", str(tmp_path / "kernel.o"), str(source)],
+         "-I", str(gpu.HERE / "include"), "-I", str(INCLUDE_DIR), "-I", str(gpu.SOURCES),
+         "-o", str(tmp_path / "kernel.o"), str(source)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
 
@@ -206,8 +209,8 @@ def cuda_build() -> GpuKernelLibrary:
 def test_the_cuda_build_loads_and_a_library_of_another_target_is_refused(cuda_build):
     assert cuda_build.status() == "built (libglm5_hal_cuda_kernels.so)"
     other = GpuKernelLibrary(cuda_build.path, label="MUSA kernel", target="musa", hint="")
-    assert other.missing() == ("MUSA kernel library libglm5_hal_cuda_kernels.so was built for cuda (ABI 1), "
-                               "expected musa (ABI 1); rebuild glm5_hal")
+    assert other.missing() == ("MUSA kernel library libglm5_hal_cuda_kernels.so was built for cuda (ABI 2), "
+                               "expected musa (ABI 2); rebuild glm5_hal")
 
 
 def _launches(g, device):
@@ -227,7 +230,8 @@ def _launches(g, device):
     my = torch.randn(src.shape[0], 12, generator=g)
     to = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
     return {
-        "sparse_mla_decode": (lambda k, s: k.sparse_mla_decode(*to(mla_q, mla_kv, table, lens, mla_idx), 0.1, 64, s),
+        "sparse_mla_decode": (lambda k, s: k.sparse_mla_decode_paged(*to(mla_q, mla_kv, table, lens, mla_idx), 0.1, 64,
+                                                                     s),
                               hal.reference.sparse_mla_decode_paged(mla_q, mla_kv, table, lens, mla_idx, 0.1, 64)),
         "indexer_topk": (lambda k, s: k.indexer_topk(*to(iq, ik), None, *to(iw, starts, ends), 4, s),
                          hal.reference.indexer_topk(iq, ik, iw, starts, ends, 4)),
@@ -270,9 +274,9 @@ def test_sizes_beyond_the_kernels_limits_are_refused_before_any_launch(cuda_buil
     table, lens, idx = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), torch.zeros(1, 1, 1,
                                                                                                           dtype=torch.int32)
     with pytest.raises(KernelError, match=r"refused by the kernel's size checks \(EINVAL\)"):
-        cuda_build.sparse_mla_decode(q, kv, table, lens, idx, 0.1, 64, 0)
+        cuda_build.sparse_mla_decode_paged(q, kv, table, lens, idx, 0.1, 64, 0)
     with pytest.raises(KernelError, match="EINVAL"):
-        cuda_build.sparse_mla_decode(q[..., :64], kv[..., :64], table, lens, idx, float("inf"), 64, 0)
+        cuda_build.sparse_mla_decode_paged(q[..., :64], kv[..., :64], table, lens, idx, float("inf"), 64, 0)
 
 
 # -- the kernels themselves, run on the CPU simulator --------------------------------------------
@@ -324,7 +328,7 @@ def test_simulated_sparse_mla_decode_matches_the_reference(simulated, dtype):
     lens = torch.tensor([21, 0], dtype=torch.int32)
     indices = torch.randint(-3, 30, (batch, queries, 150), generator=g, dtype=torch.int32)  # two chunks of 128
     indices[0, 1, :10] = 4  # duplicates count per occurrence
-    out, lse = simulated.sparse_mla_decode(q, cache, table, lens, indices, 0.125, d_v, 0)
+    out, lse = simulated.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.125, d_v, 0)
     ref_out, ref_lse = hal.reference.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.125, d_v)
     tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
     torch.testing.assert_close(out, ref_out, rtol=tol, atol=1e-4)
@@ -339,7 +343,7 @@ def test_simulated_sparse_mla_decode_rescales_when_a_later_chunk_holds_the_maxim
     q, cache = torch.randn(1, 3, 4, 32, generator=g), torch.randn(20, 16, 32, generator=g) * 3
     table, lens = torch.randperm(20, generator=g).to(torch.int32).view(1, 20), torch.tensor([300], dtype=torch.int32)
     indices = torch.stack([torch.randperm(300, generator=g) for _ in range(3)]).to(torch.int32).view(1, 3, 300)
-    out, lse = simulated.sparse_mla_decode(q, cache, table, lens, indices, 0.5, 32, 0)
+    out, lse = simulated.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.5, 32, 0)
     ref_out, ref_lse = hal.reference.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.5, 32)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ import glm5_hal as hal
 from glm5_hal import reference as ref
 from glm5_hal import vendors
 from glm5_hal.backends.kunlun import KunlunBackend, ops as xpu_ops
-from emulators.cambricon import SparseDecodeKernelStandIn
+from emulators.sparse_decode import SparseDecodeKernelStandIn
 from emulators.kunlun import KvGatherKernelStandIn, NotEmulatedError, XpuEmulator
 
 from conftest import seeded
@@ -75,7 +75,8 @@ def up(t):
 def test_without_torch_xmlir_the_registered_backend_says_the_bridge_is_missing():
     row = next(r for r in hal.backends() if r.name == "kunlun")
     assert (row.available, row.reason, row.device_type) == (False, "bridge torch_xmlir not installed", "cuda")
-    assert {"rms_norm", "moe_permute", "grouped_gemm", "indexer_topk_paged"} <= set(row.ops)
+    assert {"rms_norm", "moe_permute", "grouped_gemm", "sparse_mla_decode_paged"} <= set(row.ops)
+    assert not {"indexer_topk", "indexer_topk_paged"} & set(row.ops)   # not served: see the next section
 
 
 def fake_module(tmp_path, monkeypatch, name: str, body: str = "__version__ = '2.5.1.7'\n") -> None:
@@ -350,15 +351,18 @@ def test_kv_cache_write_compares_the_whole_cache(xpu):
     assert xpu.calls["kunlun_ops.reshape_and_cache"] == 2
 
 
-def test_the_indexer_is_declined_rather_than_quantised(xpu):
+def test_the_indexer_is_not_implemented_rather_than_quantised(xpu):
+    """Kunlun's indexer kernels score int8-quantised queries and keys, which the contract's
+    numerics rule out: the backend declares no indexer op, so dispatch never considers it."""
     q, k = torch.randn(3, 2, 128).to(BF16), torch.randn(9, 128).to(BF16)
     weights, starts, ends = torch.rand(3, 2), torch.zeros(3, dtype=I32), torch.tensor([1, 2, 3], dtype=I32)
-    assert rejection("indexer_topk", q, k, weights, starts, ends, 2) == xpu_ops.INDEXER_DECLINED
+    assert rejection("indexer_topk", q, k, weights, starts, ends, 2) == "does not implement indexer_topk"
     cache, table = torch.randn(2, 16, 128).to(BF16), torch.tensor([[0, 1]], dtype=I32)
     assert rejection("indexer_topk_paged", q[None, :1], cache, weights[None, :1], table,
-                     torch.tensor([20], dtype=I32), 4) == xpu_ops.INDEXER_DECLINED
-    assert xpu_ops.INDEXER_DECLINED.startswith("the Kunlun indexer kernels (I8_paged_mqa_logits / I8_mqa_logits) "
-                                               "score int8-quantised queries and keys")
+                     torch.tensor([20], dtype=I32), 4) == "does not implement indexer_topk_paged"
+    assert not {"indexer_topk", "indexer_topk_paged"} & set(hal.get_backend(EMU).impls)
+    assert xpu_ops.INDEXER_NOT_SERVED.startswith("the Kunlun indexer kernels (I8_paged_mqa_logits / I8_mqa_logits) "
+                                                 "score int8-quantised queries and keys")
 
 
 def paged(g, lens, block_size, dim, dtype):
@@ -416,7 +420,7 @@ def test_conformance_tiny_preset_on_the_emulated_backend(register):
     broken = [(r.case, r.status, r.reason) for r in records if r.status not in ("pass", "fallback", "skip")]
     assert not broken
     assert not [r for r in records if "supports() raised" in r.reason]
-    declined = {"indexer_topk", "indexer_topk_paged", "sparse_mla_decode_paged", "kv_cache_gather"}
+    declined = {"sparse_mla_decode_paged", "kv_cache_gather"}   # the XPU kernels are not built here
     # expected-error cases pass before any implementation runs (impl ""): not the adapter's pass
     passed = {r.op for r in records if r.status == "pass" and r.impl}
     assert passed == {r.op for r in records} - declined, passed
@@ -452,7 +456,7 @@ def test_the_tiny_glm5_model_runs_on_the_emulated_backend(xpu):
 STUB_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
-int glm5_hal_xpu_sparse_mla_decode_paged(void) { return 0; }
+int glm5_hal_sparse_mla_decode_paged(void) { return 0; }
 int glm5_hal_xpu_kv_cache_gather(const void* cache, const int32_t* table, const int32_t* lens,
     const int64_t* offsets, void* out, int64_t batch, int64_t num_blocks, int64_t block_size,
     int64_t max_blocks, int64_t row_bytes, void* stream) {

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import glm5_hal as hal
+from glm5_hal.backends._cuda_dialect import GpuKernelLibrary
 from glm5_hal.backends.musa import MusaBackend
 from emulators.musa import FlashMlaEmulator, MusaEmulator
 
@@ -362,6 +363,8 @@ class StandInKernels:
     """Takes the place of the kernel library: records what the adapters hand it and answers
     with the contract computed here in plain torch (not glm5_hal.reference)."""
 
+    decode_limits = GpuKernelLibrary.decode_limits
+
     def __init__(self):
         self.calls = []
 
@@ -371,7 +374,7 @@ class StandInKernels:
     def status(self):
         return "stand-in"
 
-    def sparse_mla_decode(self, q, kv_cache, block_table, context_lens, indices, sm_scale, d_v, stream):
+    def sparse_mla_decode_paged(self, q, kv_cache, block_table, context_lens, indices, sm_scale, d_v, stream):
         self.calls.append(("sparse_mla_decode", tuple(q.shape), tuple(kv_cache.shape), block_table.tolist(),
                            context_lens.tolist(), stream))
         batch, queries, heads, _ = q.shape

@@ -7,7 +7,7 @@ import types
 import pytest
 
 import glm5_hal as hal
-from glm5_hal import vendors
+from glm5_hal import vendor_backend, vendors
 from glm5_hal.vendor_backend import VendorBackend, import_bridge
 
 
@@ -92,3 +92,77 @@ def test_injected_runtime_and_emulator_label():
     assert (b.name, b.device_type, b.priority) == ("ascend_emu", "cpu", 5)
     assert b.availability().reason == "EMULATED (NpuEmulator): 2 NPU(s)"
     assert b.versions() == {"runtime": "emulator NpuEmulator"}
+
+
+class HookedAscend(VendorBackend):
+    """A vendor backend made of hooks only: the probe skeleton of VendorBackend runs them."""
+    vendor_name = "ascend"
+    device_noun = "NPU device"
+    device_count_call = "npu.device_count()"
+
+    def check_versions(self, runtime):
+        return {"bridge": vendor_backend.require_version("bridge", vendor_backend.module_version(runtime), (2, 13),
+                                                         "the adapters need 2.13")}
+
+    def devices(self, runtime):
+        return runtime.npu
+
+    def identify_chip(self, runtime, count, versions):
+        name = runtime.npu.get_device_name()
+        if name == "old":
+            raise vendor_backend.Declined("unsupported chip old")
+        return vendor_backend.ChipInfo(name, count, f"{count} x {name}", identity="soc 1", versions=versions)
+
+    def chip_dtypes(self, chip):
+        return vendor_backend.device_dtypes()
+
+
+def hooked_runtime(count=1, name="new", version="2.13.0"):
+    def fail(what):
+        raise RuntimeError(f"driver said no to {what}")
+    npu = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=(lambda: count) if count is not None else (lambda: fail("device_count")),
+        get_device_name=(lambda: name) if name is not None else (lambda: fail("get_device_name")))
+    return types.SimpleNamespace(npu=npu, __version__=version)
+
+
+@pytest.mark.parametrize("runtime,reason", [
+    (hooked_runtime(version="2.12.1"), "bridge 2.12.1 is too old: the adapters need 2.13"),
+    (hooked_runtime(version="dev"), "the bridge version could not be read ('dev'); the adapters need 2.13"),
+    (hooked_runtime(version=""), "bridge (no __version__) is too old: the adapters need 2.13"),
+    (hooked_runtime(count=None), "querying NPU devices failed: RuntimeError: driver said no to device_count"),
+    (hooked_runtime(count=0), "no NPU device visible (npu.device_count() == 0; check `npu-smi` and "
+                              "ASCEND_RT_VISIBLE_DEVICES)"),
+    (hooked_runtime(name=None), "reading the NPU device identity failed: RuntimeError: driver said no to "
+                                "get_device_name"),
+    (hooked_runtime(name="old"), "unsupported chip old"),
+])
+def test_the_probe_skeleton_stops_at_the_first_failing_step(runtime, reason):
+    backend = HookedAscend(runtime=runtime)
+    assert backend.availability() == hal.Availability(False, reason)
+    assert backend.chip is None and backend.capabilities() == hal.Capabilities(dist_backend="hccl")
+
+
+def test_what_the_probe_found_is_reported():
+    backend = HookedAscend(runtime=hooked_runtime(count=4))
+    assert backend.availability() == hal.Availability(True, "4 x new")
+    assert backend.versions() == {"torch_npu": "2.13.0", "bridge": "2.13.0", "chip": "new (soc 1)"}
+    caps = backend.cached_capabilities()
+    assert (caps.device_name, caps.dist_backend, caps.limits) == ("new", "hccl", {"devices": 4})
+
+
+# -- versioned behaviours ---------------------------------------------------------------------
+def test_a_behaviour_is_chosen_by_the_installed_version():
+    from glm5_hal.vendor_backend import Behaviour, Era
+    lse = Behaviour("lse_base", "mate", (Era((0, 2, 0), 2.0, "mate v0.2.0 a.py"),
+                                        Era((0, 2, 1), "e", "mate v0.2.1 a.py")), verified_up_to=(0, 2, 1))
+    assert lse.resolve("0.2.0") == (2.0, None)
+    assert lse.resolve("0.2.1+musa4.3") == ("e", None)
+    assert lse.resolve("0.2") == (2.0, None)
+    value, why = lse.resolve("0.3.0")
+    assert value is None and "newer than 0.2.1" in why
+    value, why = lse.resolve("0.1.9")
+    assert value is None and "older than 0.2.0" in why
+    assert lse.resolve(None) == (None, "mate is not installed")
+    assert "could not be read" in lse.resolve("dev")[1]

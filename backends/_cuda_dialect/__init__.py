@@ -1,6 +1,8 @@
 """Python side of the CUDA-dialect kernels (README.md in this folder): a ctypes loader for the
 library one GPU toolchain built from src/*.cu, and launchers that turn tensors into the raw
-pointers, sizes and stream of the C ABI (include/glm5_hal_gpu.h).
+pointers, sizes and stream of the C ABI (include/glm5_hal_gpu.h; the sparse MLA decode
+kernel's entry point and launcher are the ones every kernel library shares, in
+glm5_hal.kernel_library).
 
 Used by the musa backend (libglm5_hal_musa_kernels.so, built by mcc) and the dcu backend
 (libglm5_hal_dcu_kernels.so, built by hipcc); the nvcc build (libglm5_hal_cuda_kernels.so)
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from glm5_hal.kernel_library import KernelError, KernelLibrary, library_path  # noqa: F401 (re-exported)
+from glm5_hal.kernel_library import (  # noqa: F401 (DTYPE_CODE, OK, EINVAL, KernelError re-exported)
+    DTYPE_CODE, EINVAL, OK, DecodeLimits, KernelError, SparseMlaDecodeLibrary, library_path,
+    pointer as _ptr)
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "include" / "glm5_hal_gpu.h"
@@ -27,9 +30,7 @@ SOURCES = HERE / "src"
 CUDA_LIBRARY_NAME = "libglm5_hal_cuda_kernels.so"
 
 #: mirrors of include/glm5_hal_gpu.h (tests/test_cuda_dialect.py checks they agree)
-ABI_VERSION = 1
-DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3}
-OK, EINVAL = 0, -22
+ABI_VERSION = 2
 MLA_MAX_DQK = 1024
 MLA_MAX_DV = 1024
 INDEXER_MAX_QROW = 8192
@@ -43,8 +44,7 @@ _P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 SIGNATURES: dict[str, tuple[object, list]] = {
     "glm5_hal_gpu_target": (ctypes.c_char_p, []),
     "glm5_hal_gpu_abi_version": (_I, []),
-    "glm5_hal_gpu_sparse_mla_decode": (_I, [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64,
-                                            _I64, _I64, _I64, _F, _I, _P]),
+    **SparseMlaDecodeLibrary.signatures,
     "glm5_hal_gpu_indexer_topk": (_I, [_P, _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
                                        _I, _I, _P]),
     "glm5_hal_gpu_indexer_topk_paged": (_I, [_P, _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
@@ -62,18 +62,15 @@ def cuda_library() -> Path:
     return library_path(__path__, CUDA_LIBRARY_NAME)
 
 
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None or t.numel() == 0 else t.data_ptr()
-
-
 def _i32(t: Tensor) -> Tensor:
     return t.to(torch.int32).contiguous()
 
 
-class GpuKernelLibrary(KernelLibrary):
+class GpuKernelLibrary(SparseMlaDecodeLibrary):
     """The kernels of one toolchain's build. `label` names them in reasons ("MUSA kernel"),
     `target` is what the library must report (glm5_hal_gpu_target), `hint` says how to build."""
     signatures = SIGNATURES
+    decode_limits = DecodeLimits("the sparse MLA kernel", max_dqk=MLA_MAX_DQK, max_d_v=MLA_MAX_DV, max_heads=65535)
 
     def __init__(self, path: Path, *, label: str, target: str, hint: str) -> None:
         super().__init__(path, label=label, hint=hint)
@@ -87,32 +84,7 @@ class GpuKernelLibrary(KernelLibrary):
                     f"expected {self.target} (ABI {ABI_VERSION}); rebuild glm5_hal")
         return None
 
-    def _call(self, name: str, *args) -> None:
-        status = self.call(name, *args)
-        if status == EINVAL:
-            raise KernelError(f"{name}: arguments refused by the kernel's size checks (EINVAL)")
-        if status != OK:
-            raise KernelError(f"{name}: launch failed with runtime error {status}")
-
-    # -- launchers -------------------------------------------------------------------------
-    def sparse_mla_decode(self, q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
-                          indices: Tensor, sm_scale: float, d_v: int, stream: int) -> tuple[Tensor, Tensor]:
-        """q [B, N, H, Dqk], kv_cache [num_blocks, block_size, Dqk], block_table [B, max_blocks],
-        context_lens [B], indices [B, N, topk] logical positions -> (out [B, N, H, d_v], lse [B, N, H])."""
-        batch, queries, heads, dqk = q.shape
-        num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
-        topk = indices.shape[-1]
-        out = torch.empty((batch, queries, heads, d_v), dtype=q.dtype, device=q.device)
-        lse = torch.empty((batch, queries, heads), dtype=torch.float32, device=q.device)
-        if out.numel() == 0 and lse.numel() == 0:
-            return out, lse
-        q, kv_cache = q.contiguous(), kv_cache.contiguous()
-        table, lens, idx = _i32(block_table), _i32(context_lens), _i32(indices)
-        self._call("glm5_hal_gpu_sparse_mla_decode", _ptr(q), _ptr(kv_cache), _ptr(table), _ptr(lens), _ptr(idx),
-                   _ptr(out), _ptr(lse), batch, queries, heads, dqk, d_v, topk, num_blocks, block_size,
-                   table.shape[1], float(sm_scale), DTYPE_CODE[q.dtype], stream)
-        return out, lse
-
+    # -- launchers (sparse_mla_decode_paged is SparseMlaDecodeLibrary's) ----------------------
     def indexer_topk(self, q: Tensor, keys: Tensor, key_scale: Tensor | None, weights: Tensor, k_start: Tensor,
                      k_end: Tensor, topk: int, stream: int) -> Tensor:
         """q [T, Hi, D], keys [S, D] (FP8 with key_scale [S]), weights [T, Hi], k_start/k_end [T]
@@ -126,10 +98,10 @@ class GpuKernelLibrary(KernelLibrary):
         start, end = _i32(k_start), _i32(k_end)
         span = int((end - start).max())  # host sync: the workspace is sized exactly
         for first, last, workspace in self._row_chunks(tokens, span, q.device):
-            self._call("glm5_hal_gpu_indexer_topk", _ptr(q[first:last]), _ptr(keys), _ptr(scale),
-                       _ptr(weights[first:last]), _ptr(start[first:last]), _ptr(end[first:last]),
-                       _ptr(workspace), span, _ptr(out[first:last]), last - first, heads, dim, keys.shape[0],
-                       topk, DTYPE_CODE[q.dtype], DTYPE_CODE[keys.dtype], stream)
+            self.launch("glm5_hal_gpu_indexer_topk", _ptr(q[first:last]), _ptr(keys), _ptr(scale),
+                        _ptr(weights[first:last]), _ptr(start[first:last]), _ptr(end[first:last]),
+                        _ptr(workspace), span, _ptr(out[first:last]), last - first, heads, dim, keys.shape[0],
+                        topk, DTYPE_CODE[q.dtype], DTYPE_CODE[keys.dtype], stream)
         return out
 
     def indexer_topk_paged(self, q: Tensor, key_cache: Tensor, key_scale: Tensor | None, weights: Tensor,
@@ -147,11 +119,11 @@ class GpuKernelLibrary(KernelLibrary):
         span = int(lens.max())
         # chunks of whole sequences: the kernel finds a row's sequence as row / N
         for first, last, workspace in self._row_chunks(batch, span * queries, q.device, per_row=queries):
-            self._call("glm5_hal_gpu_indexer_topk_paged", _ptr(q[first:last]), _ptr(key_cache), _ptr(scale),
-                       _ptr(weights[first:last]), _ptr(table[first:last]), _ptr(lens[first:last]),
-                       _ptr(workspace), span, _ptr(out[first:last]), last - first, queries, heads, dim,
-                       num_blocks, block_size, table.shape[1], topk, DTYPE_CODE[q.dtype],
-                       DTYPE_CODE[key_cache.dtype], stream)
+            self.launch("glm5_hal_gpu_indexer_topk_paged", _ptr(q[first:last]), _ptr(key_cache), _ptr(scale),
+                        _ptr(weights[first:last]), _ptr(table[first:last]), _ptr(lens[first:last]),
+                        _ptr(workspace), span, _ptr(out[first:last]), last - first, queries, heads, dim,
+                        num_blocks, block_size, table.shape[1], topk, DTYPE_CODE[q.dtype],
+                        DTYPE_CODE[key_cache.dtype], stream)
         return out
 
     def kv_cache_write(self, cache: Tensor, values: Tensor, slot_mapping: Tensor, stream: int) -> None:
@@ -161,9 +133,9 @@ class GpuKernelLibrary(KernelLibrary):
         values = values.contiguous()
         slots = slot_mapping.contiguous()
         row_bytes = cache.shape[-1] * cache.element_size()
-        self._call("glm5_hal_gpu_kv_cache_write", _ptr(cache), _ptr(values), _ptr(slots),
-                   int(slots.dtype == torch.int64), values.shape[0], row_bytes, cache.shape[0] * cache.shape[1],
-                   stream)
+        self.launch("glm5_hal_gpu_kv_cache_write", _ptr(cache), _ptr(values), _ptr(slots),
+                    int(slots.dtype == torch.int64), values.shape[0], row_bytes, cache.shape[0] * cache.shape[1],
+                    stream)
 
     def silu_and_mul(self, x: Tensor, stream: int) -> Tensor:
         half = x.shape[-1] // 2
@@ -171,8 +143,8 @@ class GpuKernelLibrary(KernelLibrary):
         if out.numel() == 0:
             return out
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        self._call("glm5_hal_gpu_silu_and_mul", _ptr(rows), _ptr(out), rows.shape[0], half, DTYPE_CODE[x.dtype],
-                   stream)
+        self.launch("glm5_hal_gpu_silu_and_mul", _ptr(rows), _ptr(out), rows.shape[0], half, DTYPE_CODE[x.dtype],
+                    stream)
         return out
 
     def moe_permute(self, x: Tensor, ids: Tensor, num_experts: int, stream: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -181,15 +153,15 @@ class GpuKernelLibrary(KernelLibrary):
         counts = torch.empty(num_experts, dtype=torch.int32, device=x.device)
         src = torch.empty(tokens * k, dtype=torch.int32, device=x.device)
         ids = _i32(ids)
-        self._call("glm5_hal_gpu_moe_permute_index", _ptr(ids), tokens, k, num_experts, _ptr(counts), _ptr(src),
-                   stream)
+        self.launch("glm5_hal_gpu_moe_permute_index", _ptr(ids), tokens, k, num_experts, _ptr(counts), _ptr(src),
+                    stream)
         rows = int(counts.sum())  # host sync: the output size depends on the data
         src = src[:rows].clone()
         x_perm = torch.empty((rows, x.shape[1]), dtype=x.dtype, device=x.device)
         if x_perm.numel():
             x = x.contiguous()
-            self._call("glm5_hal_gpu_gather_rows", _ptr(x), _ptr(src), rows, k, tokens,
-                       x.shape[1] * x.element_size(), _ptr(x_perm), stream)
+            self.launch("glm5_hal_gpu_gather_rows", _ptr(x), _ptr(src), rows, k, tokens,
+                        x.shape[1] * x.element_size(), _ptr(x_perm), stream)
         return x_perm, counts, src
 
     def moe_unpermute(self, y: Tensor, src: Tensor, weights: Tensor, stream: int) -> Tensor:
@@ -200,8 +172,8 @@ class GpuKernelLibrary(KernelLibrary):
             return out
         workspace = torch.empty((tokens, y.shape[1]), dtype=torch.float32, device=y.device)
         y, src, weights = y.contiguous(), _i32(src), weights.float().contiguous()
-        self._call("glm5_hal_gpu_moe_unpermute", _ptr(y), _ptr(src), _ptr(weights), _ptr(workspace), _ptr(out),
-                   y.shape[0], tokens, k, y.shape[1], DTYPE_CODE[y.dtype], stream)
+        self.launch("glm5_hal_gpu_moe_unpermute", _ptr(y), _ptr(src), _ptr(weights), _ptr(workspace), _ptr(out),
+                    y.shape[0], tokens, k, y.shape[1], DTYPE_CODE[y.dtype], stream)
         return out
 
     @staticmethod
@@ -215,8 +187,3 @@ class GpuKernelLibrary(KernelLibrary):
             cols = floats_per_unit // per_row
             yield first, last, torch.empty(((last - first) * per_row, cols), dtype=torch.float32, device=device)
 
-
-def stream_handle(current_stream: Callable[[], object], attribute: str) -> int:
-    """The raw stream handle of the framework's current stream object (e.g.
-    torch.musa.current_stream().musa_stream, torch.cuda.current_stream().cuda_stream)."""
-    return int(getattr(current_stream(), attribute))

@@ -1,27 +1,26 @@
 """Adapters from glm5_hal ops to the CUDA-dialect kernels, shared by the backends that build
-them (musa: mcc, dcu: hipcc). A backend passes itself; it must have `kernels` (a
+them (musa: mcc, dcu: hipcc). Each takes the backend first; the backend has `kernels` (a
 GpuKernelLibrary) and `stream(device) -> int` (its framework's current raw stream).
 
-`declare_kernel_ops(backend, ops)` declares the kernel-only adapters named in `ops`; the
-sparse MLA helpers are building blocks a backend combines with its vendor library (the musa
-backend tries MUSA FlashMLA first). Every `supports()` declines with the library's reason
-("MUSA kernel not built (...)") when the kernels are absent, so dispatch moves on.
+The `Adapter` records below go into a backend's ADAPTERS table as they are (the kernel-only
+ops); the sparse MLA helpers are building blocks a backend combines with its vendor library
+(the musa backend tries MUSA FlashMLA first). Every `supports()` declines with the library's
+reason ("MUSA kernel not built (...)") when the kernels are absent, so dispatch moves on.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from glm5_hal.kernel_library import sparse_mla_decode_declined
+from glm5_hal.vendor_backend import Adapter, Verdict, first_reason
+
 from . import INDEXER_MAX_HEADS, INDEXER_MAX_QROW, MLA_MAX_DQK, MLA_MAX_DV
-from glm5_hal.vendor_backend import Verdict, first_reason
 
-_F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
-FLOATS = (_F32, _F16, _BF16)
-
-
-KERNEL_OPS = ("silu_and_mul", "kv_cache_write", "indexer_topk", "indexer_topk_paged", "moe_permute", "moe_unpermute")
+_I32 = torch.int32
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 #: what the kernels accept, as reported in a backend's capabilities().limits
 KERNEL_LIMITS = {
@@ -30,10 +29,6 @@ KERNEL_LIMITS = {
     "kernels: kv_cache_write": "contiguous cache, any dtype (rows copied as bytes)",
     "kernels: moe_permute / moe_unpermute": "T * k < 2^31; unpermute accumulates in float32 with atomics",
 }
-
-
-def _key_values(k: Any) -> Tensor:
-    return k[0] if isinstance(k, (tuple, list)) else k
 
 
 def split_key(k: Any) -> tuple[Tensor, Tensor | None]:
@@ -67,16 +62,6 @@ def grouped_mm(torch_ns: Any, x: Tensor, w: Tensor, tokens_per_expert: Tensor) -
 
 
 # -- sparse MLA building blocks ------------------------------------------------------------------
-def mla_kernel_declined(backend: Any, dqk: int, d_v: int) -> str | None:
-    missing = backend.kernels.missing()
-    if missing:
-        return missing
-    if dqk > MLA_MAX_DQK or d_v > MLA_MAX_DV:
-        return (f"the sparse MLA kernel keeps Dqk <= {MLA_MAX_DQK} and d_v <= {MLA_MAX_DV} per block, "
-                f"got Dqk {dqk}, d_v {d_v}")
-    return None
-
-
 def paged_to_physical(indices: Tensor, block_table: Tensor, context_lens: Tensor, block_size: int
                       ) -> tuple[Tensor, Tensor]:
     """Logical positions [B, N, topk] -> (cache rows int32 with -1 where invalid, valid mask).
@@ -92,25 +77,6 @@ def paged_to_physical(indices: Tensor, block_table: Tensor, context_lens: Tensor
     return torch.where(valid, rows, -1).to(_I32), valid
 
 
-def sparse_attention_by_kernel(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
-                               d_v: int) -> tuple[Tensor, Tensor]:
-    """sparse_mla_attention as one sequence whose cache is a single block of S rows."""
-    tokens, heads, _ = q.shape
-    if tokens == 0 or kv.shape[0] == 0:
-        return no_valid_rows(q, d_v, (tokens,))
-    one = torch.zeros((1, 1), dtype=_I32, device=q.device)
-    lens = torch.tensor([kv.shape[0]], dtype=_I32, device=q.device)
-    out, lse = backend.kernels.sparse_mla_decode(q.unsqueeze(0), kv.unsqueeze(0), one, lens, indices.unsqueeze(0),
-                                                 sm_scale, d_v, backend.stream(q.device))
-    return out.squeeze(0), lse.squeeze(0)
-
-
-def sparse_decode_by_kernel(backend: Any, q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
-                            indices: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
-    return backend.kernels.sparse_mla_decode(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v,
-                                             backend.stream(q.device))
-
-
 def no_valid_rows(q: Tensor, d_v: int, lead: tuple) -> tuple[Tensor, Tensor]:
     """The contract's result when no index is valid: out 0, lse -inf."""
     heads = q.shape[-2]
@@ -118,9 +84,34 @@ def no_valid_rows(q: Tensor, d_v: int, lead: tuple) -> tuple[Tensor, Tensor]:
             torch.full((*lead, heads), float("-inf"), dtype=torch.float32, device=q.device))
 
 
+def sparse_mla_attention_declined(backend: Any, q: Tensor, kv: Tensor, d_v: int) -> str | None:
+    return sparse_mla_decode_declined(backend, q.shape[-2], q.shape[-1], d_v, kv.shape[0])
+
+
+def sparse_mla_attention_supported(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
+                                   d_v: int) -> Verdict:
+    return sparse_mla_attention_declined(backend, q, kv, d_v) or True
+
+
+def sparse_mla_attention(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
+                         d_v: int) -> tuple[Tensor, Tensor]:
+    """sparse_mla_attention on the decode kernel, as one sequence whose cache is a single
+    block of S rows."""
+    tokens = q.shape[0]
+    if tokens == 0 or kv.shape[0] == 0:
+        return no_valid_rows(q, d_v, (tokens,))
+    one = torch.zeros((1, 1), dtype=_I32, device=q.device)
+    lens = torch.tensor([kv.shape[0]], dtype=_I32, device=q.device)
+    out, lse = backend.kernels.sparse_mla_decode_paged(q.unsqueeze(0), kv.unsqueeze(0), one, lens,
+                                                       indices.unsqueeze(0), sm_scale, d_v, backend.stream(q.device))
+    return out.squeeze(0), lse.squeeze(0)
+
+
+SPARSE_MLA_ATTENTION = Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS,
+                               supports=sparse_mla_attention_supported)
+
+
 # -- kernel-only adapters ------------------------------------------------------------------------
-
-
 def indexer_shape_declined(q: Tensor) -> str | None:
     heads, dim = q.shape[-2], q.shape[-1]
     if heads > INDEXER_MAX_HEADS or heads * dim > INDEXER_MAX_QROW:
@@ -129,56 +120,67 @@ def indexer_shape_declined(q: Tensor) -> str | None:
     return None
 
 
-def declare_kernel_ops(backend: Any, ops: Iterable[str] = KERNEL_OPS) -> None:
-    """Declares the kernel-only adapters named in `ops` (a subset of KERNEL_OPS) on `backend`."""
-    wanted = set(ops)
-    unknown = wanted - set(KERNEL_OPS)
-    if unknown:
-        raise ValueError(f"no kernel adapter for {sorted(unknown)}; known: {KERNEL_OPS}")
-    kernels_missing = lambda *args: backend.kernels.missing() or True  # noqa: E731
+def silu_and_mul_supported(backend: Any, x: Tensor) -> Verdict:
+    return backend.kernels.missing() or True
 
-    if "silu_and_mul" in wanted:
-        @backend.impl("silu_and_mul", dtypes=FLOATS, supports=kernels_missing)
-        def silu_and_mul(x: Tensor) -> Tensor:
-            return backend.kernels.silu_and_mul(x, backend.stream(x.device))
 
-    if "kv_cache_write" in wanted:
-        def kv_cache_write_supported(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> Verdict:
-            return first_reason(
-                backend.kernels.missing,
-                lambda: None if cache.is_contiguous() else "the kv_cache_write kernel writes a contiguous cache")
+def silu_and_mul(backend: Any, x: Tensor) -> Tensor:
+    return backend.kernels.silu_and_mul(x, backend.stream(x.device))
 
-        @backend.impl("kv_cache_write", supports=kv_cache_write_supported)
-        def kv_cache_write(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
-            backend.kernels.kv_cache_write(cache, values, slot_mapping, backend.stream(cache.device))
 
-    if "indexer_topk" in wanted:
-        def indexer_topk_supported(q, k, weights, k_start, k_end, topk) -> Verdict:
-            return first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+def kv_cache_write_supported(backend: Any, cache: Tensor, values: Tensor, slot_mapping: Tensor) -> Verdict:
+    return first_reason(
+        backend.kernels.missing,
+        lambda: None if cache.is_contiguous() else "the kv_cache_write kernel writes a contiguous cache")
 
-        @backend.impl("indexer_topk", dtypes=FLOATS, supports=indexer_topk_supported)
-        def indexer_topk(q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor, topk: int) -> Tensor:
-            keys, scale = split_key(k)
-            return backend.kernels.indexer_topk(q, keys, scale, weights, k_start, k_end, topk,
-                                                backend.stream(q.device))
 
-    if "indexer_topk_paged" in wanted:
-        def indexer_topk_paged_supported(q, k_cache, weights, block_table, context_lens, topk) -> Verdict:
-            return first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+def kv_cache_write(backend: Any, cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
+    backend.kernels.kv_cache_write(cache, values, slot_mapping, backend.stream(cache.device))
 
-        @backend.impl("indexer_topk_paged", dtypes=FLOATS, supports=indexer_topk_paged_supported)
-        def indexer_topk_paged(q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
-                               context_lens: Tensor, topk: int) -> Tensor:
-            keys, scale = split_key(k_cache)
-            return backend.kernels.indexer_topk_paged(q, keys, scale, weights, block_table, context_lens, topk,
-                                                      backend.stream(q.device))
 
-    if "moe_permute" in wanted:
-        @backend.impl("moe_permute", dtypes=FLOATS, supports=kernels_missing)
-        def moe_permute(x: Tensor, ids: Tensor, num_experts: int):
-            return backend.kernels.moe_permute(x, ids, num_experts, backend.stream(x.device))
+def indexer_topk_supported(backend: Any, q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor,
+                           topk: int) -> Verdict:
+    return first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
 
-    if "moe_unpermute" in wanted:
-        @backend.impl("moe_unpermute", dtypes=FLOATS, supports=kernels_missing)
-        def moe_unpermute(y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
-            return backend.kernels.moe_unpermute(y, src, weights, backend.stream(y.device))
+
+def indexer_topk(backend: Any, q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor,
+                 topk: int) -> Tensor:
+    keys, scale = split_key(k)
+    return backend.kernels.indexer_topk(q, keys, scale, weights, k_start, k_end, topk, backend.stream(q.device))
+
+
+def indexer_topk_paged_supported(backend: Any, q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
+                                 context_lens: Tensor, topk: int) -> Verdict:
+    return first_reason(backend.kernels.missing, lambda: indexer_shape_declined(q))
+
+
+def indexer_topk_paged(backend: Any, q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
+                       context_lens: Tensor, topk: int) -> Tensor:
+    keys, scale = split_key(k_cache)
+    return backend.kernels.indexer_topk_paged(q, keys, scale, weights, block_table, context_lens, topk,
+                                              backend.stream(q.device))
+
+
+def moe_permute_supported(backend: Any, x: Tensor, ids: Tensor, num_experts: int) -> Verdict:
+    return backend.kernels.missing() or True
+
+
+def moe_permute(backend: Any, x: Tensor, ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    return backend.kernels.moe_permute(x, ids, num_experts, backend.stream(x.device))
+
+
+def moe_unpermute_supported(backend: Any, y: Tensor, src: Tensor, weights: Tensor) -> Verdict:
+    return backend.kernels.missing() or True
+
+
+def moe_unpermute(backend: Any, y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
+    return backend.kernels.moe_unpermute(y, src, weights, backend.stream(y.device))
+
+
+SILU_AND_MUL = Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported)
+KV_CACHE_WRITE = Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported)
+INDEXER_TOPK = Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported)
+INDEXER_TOPK_PAGED = Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS,
+                             supports=indexer_topk_paged_supported)
+MOE_PERMUTE = Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported)
+MOE_UNPERMUTE = Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported)

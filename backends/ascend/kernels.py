@@ -14,11 +14,9 @@ from pathlib import Path
 
 import torch
 
-from glm5_hal.kernel_library import KernelLibrary as _KernelLibrary, library_path
+from glm5_hal.kernel_library import DTYPE_CODE, KernelLibrary as _KernelLibrary, library_path
 
 LIBRARY_NAME = "libglm5_hal_ascend_kernels.so"
-#: dtype codes of csrc/glm5_hal_ascend.h
-DTYPE_CODE = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 0}
 
 
 class KernelLibrary(_KernelLibrary):
@@ -33,7 +31,5 @@ class KernelLibrary(_KernelLibrary):
 
     def hadamard(self, x: torch.Tensor, out: torch.Tensor, scale: float, stream: int) -> None:
         """out[r] = (x[r] @ H_D) * scale for every row of the contiguous [rows, D] tensors."""
-        status = self.call("glm5_hal_ascend_hadamard", x.data_ptr(), out.data_ptr(), x.shape[0],
-                           x.shape[1], float(scale), DTYPE_CODE[x.dtype], stream)
-        if status != 0:
-            raise RuntimeError(f"glm5_hal_ascend_hadamard failed with aclError {status}")
+        self.launch("glm5_hal_ascend_hadamard", x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], float(scale),
+                    DTYPE_CODE[x.dtype], stream)

@@ -1,12 +1,12 @@
 """Adapters from glm5_hal's canonical ops to torch_npu's fused ops.
 
-`declare(backend)` registers one closure per op on an AscendBackend instance; each reaches
-the vendor through `backend.runtime` (the real `torch_npu`, or an emulator in tests), so
-several instances coexist. Inputs arrive validated by glm5_hal.ops; an adapter converts
-layouts and index conventions, calls the vendor op and returns exactly the canonical
-outputs. Each `supports()` checks the vendor's documented per-call constraints and returns
-a reason when the call falls outside them, so dispatch moves on instead of the vendor op
-failing on the device. README.md has the table of what maps to what, and why.
+Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which every
+AscendBackend instance binds to itself; it reaches the vendor through `backend.runtime` (the
+real `torch_npu`, or an emulator in tests), so several instances coexist. Inputs arrive
+validated by glm5_hal.ops; an adapter converts layouts and index conventions, calls the
+vendor op and returns exactly the canonical outputs. Each `supports()` checks the vendor's
+documented per-call constraints and returns a reason when the call falls outside them, so
+dispatch moves on instead of the vendor op failing on the device. README.md has the table of what maps to what, and why.
 """
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from glm5_hal.vendor_backend import Verdict, dtype_name, first_reason
+
+from glm5_hal.vendor_backend import (Adapter, Verdict, first_reason, no_permuted_rows, pad_heads, rope_angles,
+                                     weight_cast_declined)
 
 if TYPE_CHECKING:
     from . import AscendBackend
@@ -59,12 +61,6 @@ OP_LIMITS = {
 }
 
 
-def declare(backend: "AscendBackend") -> None:
-    """Declares every adapter on `backend` (closures over it: one set per instance)."""
-    for family in (_declare_common, _declare_quant, _declare_dsa, _declare_moe, _declare_kv):
-        family(backend)
-
-
 # -- shared conversions ------------------------------------------------------------------------
 def left_pack(indices: Tensor, valid: Tensor) -> Tensor:
     """Valid entries of each row first, in their original order, then -1: the vendor's
@@ -87,17 +83,6 @@ def prefix_sums(lengths: list[int], device: torch.device) -> Tensor:
     return torch.tensor(lengths, dtype=_I64).cumsum(0).to(_I32).to(device)
 
 
-def pad_heads(t: Tensor, heads: int, dim: int) -> Tensor:
-    """`t` with dim `dim` (heads) zero-padded to `heads`, contiguous."""
-    if t.shape[dim] == heads:
-        return t.contiguous()
-    shape = list(t.shape)
-    shape[dim] = heads
-    out = t.new_zeros(shape)
-    out.narrow(dim, 0, t.shape[dim]).copy_(t)
-    return out
-
-
 def head_chunks(heads: int) -> list[tuple[int, int, int]]:
     """(first, end, padded) head ranges: chunks of at most 128 heads, each padded up to a
     head count npu_sparse_flash_attention accepts (heads are independent in attention)."""
@@ -109,99 +94,95 @@ def head_chunks(heads: int) -> list[tuple[int, int, int]]:
 
 
 # -- common ------------------------------------------------------------------------------------
-def _declare_common(backend: "AscendBackend") -> None:
-    def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
-        if weight.dtype == x.dtype or x.dtype == _F32:
-            return True
-        return (f"npu_rms_norm takes gamma in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
-                f"{dtype_name(x.dtype)} would round it")
+def rms_norm_supported(backend: "AscendBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
+    return weight_cast_declined(x, weight, "npu_rms_norm takes gamma") or True
 
-    @backend.impl("rms_norm", dtypes=FLOATS, supports=rms_norm_supported)
-    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        # npu_rms_norm wants 2-8 dims and normalises over gamma's dims: [rows, D] covers all.
-        rows = x.reshape(-1, x.shape[-1])
-        y, _rstd = backend.runtime.npu_rms_norm(rows, weight.to(x.dtype), epsilon=float(eps))
-        return y.view(x.shape)
 
-    @backend.impl("silu_and_mul", dtypes=FLOATS)
-    def silu_and_mul(x: Tensor) -> Tensor:
-        out_shape = (*x.shape[:-1], x.shape[-1] // 2)
-        if x.numel() == 0:
-            return x.new_empty(out_shape)
-        # npu_swiglu: swish(A) * B with A the first half, as the contract's [gate, up]
-        return backend.runtime.npu_swiglu(x.reshape(-1, x.shape[-1]), dim=-1).view(out_shape)
+def rms_norm(backend: "AscendBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    # npu_rms_norm wants 2-8 dims and normalises over gamma's dims: [rows, D] covers all.
+    rows = x.reshape(-1, x.shape[-1])
+    y, _rstd = backend.runtime.npu_rms_norm(rows, weight.to(x.dtype), epsilon=float(eps))
+    return y.view(x.shape)
 
-    def rope_supported(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Verdict:
-        heads, rot = x.shape[1], x.shape[2]
-        if heads >= ROTARY_MAX_HEADS:
-            return f"npu_rotary_mul needs B*N < {ROTARY_MAX_HEADS}, got {heads} heads"
-        if not interleaved and rot >= ROTARY_HALF_MAX_DIM:
-            return f"npu_rotary_mul's half mode needs D < {ROTARY_HALF_MAX_DIM}, got {rot}"
-        return True
 
-    @backend.impl("apply_rope", dtypes=FLOATS, supports=rope_supported)
-    def apply_rope(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
-        tokens, heads, rot = x.shape
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        exponents = torch.arange(rot // 2, device=x.device, dtype=_F32) * (-2.0 / rot)
-        angles = positions.to(_F32)[:, None] * torch.pow(float(theta), exponents)[None, :]
-        cos, sin = angles.cos(), angles.sin()
-        # npu_rotary_mul takes cos/sin over the full D: pair-repeated for 'interleave',
-        # the two halves for 'half'. Float32 throughout: cos/sin rounded to bf16 would
-        # miss the contract near cancellations (a cos - b sin ~ 0).
-        if interleaved:
-            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        else:
-            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-        out = backend.runtime.npu_rotary_mul(
-            x.to(_F32).reshape(1, tokens, heads, rot), cos.view(1, tokens, 1, rot), sin.view(1, tokens, 1, rot),
-            rotary_mode="interleave" if interleaved else "half")
-        return out.view(tokens, heads, rot).to(x.dtype)
+def silu_and_mul(backend: "AscendBackend", x: Tensor) -> Tensor:
+    out_shape = (*x.shape[:-1], x.shape[-1] // 2)
+    if x.numel() == 0:
+        return x.new_empty(out_shape)
+    # npu_swiglu: swish(A) * B with A the first half, as the contract's [gate, up]
+    return backend.runtime.npu_swiglu(x.reshape(-1, x.shape[-1]), dim=-1).view(out_shape)
 
-    def hadamard_supported(x: Tensor, scale: float) -> Verdict:
-        dim = x.shape[-1]
-        return first_reason(
-            backend.kernels.missing,
-            lambda: None if HADAMARD_MIN_DIM <= dim <= HADAMARD_MAX_DIM else
-            f"the Ascend C Hadamard kernel takes D in [{HADAMARD_MIN_DIM}, {HADAMARD_MAX_DIM}], got {dim}")
 
-    @backend.impl("hadamard_transform", dtypes=FLOATS, supports=hadamard_supported)
-    def hadamard_transform(x: Tensor, scale: float) -> Tensor:
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        out = torch.empty_like(rows)
-        npu = backend.runtime.npu
-        with npu.device(x.device):  # the host glue launches on the current device
-            backend.kernels.hadamard(rows, out, scale, npu.current_stream(x.device).npu_stream)
-        return out.view(x.shape)
+def apply_rope_supported(backend: "AscendBackend", x: Tensor, positions: Tensor, theta: float,
+                         interleaved: bool) -> Verdict:
+    heads, rot = x.shape[1], x.shape[2]
+    if heads >= ROTARY_MAX_HEADS:
+        return f"npu_rotary_mul needs B*N < {ROTARY_MAX_HEADS}, got {heads} heads"
+    if not interleaved and rot >= ROTARY_HALF_MAX_DIM:
+        return f"npu_rotary_mul's half mode needs D < {ROTARY_HALF_MAX_DIM}, got {rot}"
+    return True
+
+
+def apply_rope(backend: "AscendBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
+    tokens, heads, rot = x.shape
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    angles = rope_angles(positions, rot, theta)
+    cos, sin = angles.cos(), angles.sin()
+    # npu_rotary_mul takes cos/sin over the full D: pair-repeated for 'interleave',
+    # the two halves for 'half'. Float32 throughout: cos/sin rounded to bf16 would
+    # miss the contract near cancellations (a cos - b sin ~ 0).
+    if interleaved:
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    else:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    out = backend.runtime.npu_rotary_mul(
+        x.to(_F32).reshape(1, tokens, heads, rot), cos.view(1, tokens, 1, rot), sin.view(1, tokens, 1, rot),
+        rotary_mode="interleave" if interleaved else "half")
+    return out.view(tokens, heads, rot).to(x.dtype)
+
+
+def hadamard_transform_supported(backend: "AscendBackend", x: Tensor, scale: float) -> Verdict:
+    dim = x.shape[-1]
+    return first_reason(
+        backend.kernels.missing,
+        lambda: None if HADAMARD_MIN_DIM <= dim <= HADAMARD_MAX_DIM else
+        f"the Ascend C Hadamard kernel takes D in [{HADAMARD_MIN_DIM}, {HADAMARD_MAX_DIM}], got {dim}")
+
+
+def hadamard_transform(backend: "AscendBackend", x: Tensor, scale: float) -> Tensor:
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty_like(rows)
+    with backend.runtime.npu.device(x.device):  # the host glue launches on the current device
+        backend.kernels.hadamard(rows, out, scale, backend.stream(x.device))
+    return out.view(x.shape)
 
 
 # -- quant -------------------------------------------------------------------------------------
-def _declare_quant(backend: "AscendBackend") -> None:
-    def fp8_block_quant_supported(x: Tensor, block: int, scale_fmt: str | None) -> Verdict:
-        return first_reason(
-            backend.fp8_declined,
-            lambda: None if block == BLOCK_QUANT_COLS else
-            f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, got block {block}",
-            lambda: None if scale_fmt is None else
-            "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
+def fp8_block_quant_supported(backend: "AscendBackend", x: Tensor, block: int, scale_fmt: str | None) -> Verdict:
+    return first_reason(
+        backend.fp8_declined,
+        lambda: None if block == BLOCK_QUANT_COLS else
+        f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, got block {block}",
+        lambda: None if scale_fmt is None else
+        "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
 
-    @backend.impl("fp8_block_quant", dtypes=HALVES, supports=fp8_block_quant_supported)
-    def fp8_block_quant(x: Tensor, block: int, scale_fmt: str | None) -> tuple[Tensor, Tensor]:
-        cols = x.shape[-1]
-        scale_shape = (*x.shape[:-1], cols // block)
-        if x.numel() == 0:
-            return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
-                    x.new_empty(scale_shape, dtype=_F32))
-        # min_scale floors scale = blockmax / 448 at the contract's amax floor 1e-4 / 448
-        q, scale = backend.runtime.npu_dynamic_block_quant(
-            x.reshape(-1, cols).contiguous(), min_scale=FP8_MIN_AMAX / FP8_MAX, dst_type=torch.float8_e4m3fn,
-            row_block_size=1, col_block_size=BLOCK_QUANT_COLS)
-        return q.view(x.shape), scale.reshape(scale_shape)
+
+def fp8_block_quant(backend: "AscendBackend", x: Tensor, block: int, scale_fmt: str | None) -> tuple[Tensor, Tensor]:
+    cols = x.shape[-1]
+    scale_shape = (*x.shape[:-1], cols // block)
+    if x.numel() == 0:
+        return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+                x.new_empty(scale_shape, dtype=_F32))
+    # min_scale floors scale = blockmax / 448 at the contract's amax floor 1e-4 / 448
+    q, scale = backend.runtime.npu_dynamic_block_quant(
+        x.reshape(-1, cols).contiguous(), min_scale=FP8_MIN_AMAX / FP8_MAX, dst_type=torch.float8_e4m3fn,
+        row_block_size=1, col_block_size=BLOCK_QUANT_COLS)
+    return q.view(x.shape), scale.reshape(scale_shape)
 
 
 # -- DSA ---------------------------------------------------------------------------------------
@@ -269,238 +250,246 @@ def _weights_declined(q: Tensor, weights: Tensor) -> str | None:
     return None
 
 
-def _declare_dsa(backend: "AscendBackend") -> None:
-    def indexer_topk_supported(q, k, weights, k_start, k_end, topk) -> Verdict:
-        return _indexer_declined(q, k, topk) or _weights_declined(q, weights) or True
+def indexer_topk_supported(backend: "AscendBackend", q, k, weights, k_start, k_end, topk) -> Verdict:
+    return _indexer_declined(q, k, topk) or _weights_declined(q, weights) or True
 
-    @backend.impl("indexer_topk", dtypes=HALVES, supports=indexer_topk_supported)
-    def indexer_topk(q: Tensor, k: Tensor, weights: Tensor, k_start: Tensor, k_end: Tensor,
-                     topk: int) -> Tensor:
-        tokens, device = q.shape[0], q.device
-        out = torch.full((tokens, topk), -1, dtype=_I32, device=device)
-        runs = causal_runs(k_start.tolist(), k_end.tolist())  # a host sync, like the kernel's lengths
-        if not runs:
-            return out
-        q64, w64 = _indexer_weights(q, weights)
-        count = indexer_sparse_count(topk)
-        for mode in (3, 0):  # the mask mode is per call: one call per kind of run
-            group = [r for r in runs if r[4] == mode]
-            if not group:
-                continue
-            token_idx = torch.cat([torch.arange(a, b) for a, b, *_ in group]).to(device)
-            # TND keys: each run's key range, concatenated. Packed prefill (adjacent ranges)
-            # is a slice of k; overlapping or out-of-order ranges are gathered (a copy).
-            first_key = group[0][2]
-            adjacent = all(r[2] == p[2] + p[3] for p, r in zip(group, group[1:]))
-            if adjacent:
-                key = k[first_key: first_key + sum(r[3] for r in group)]
-            else:
-                key = k.index_select(0, torch.cat([torch.arange(ks, ks + kl) for _, _, ks, kl, _ in group]).to(device))
-            key = key.contiguous().view(-1, 1, k.shape[-1])
-            found, _ = backend.runtime.npu_lightning_indexer(
-                q64.index_select(0, token_idx), key, w64.index_select(0, token_idx),
-                actual_seq_lengths_query=prefix_sums([b - a for a, b, *_ in group], device),
-                actual_seq_lengths_key=prefix_sums([kl for *_, kl, _ in group], device),
-                layout_query="TND", layout_key="TND", sparse_count=count, sparse_mode=mode)
-            found = found[:, 0, :topk].long()
-            offset = torch.cat([torch.full((b - a,), ks, dtype=_I64) for a, b, ks, *_ in group]).to(device)
-            out[token_idx] = torch.where(found >= 0, found + offset.unsqueeze(-1), -1).to(_I32)
+
+def indexer_topk(backend: "AscendBackend", q: Tensor, k: Tensor, weights: Tensor, k_start: Tensor, k_end: Tensor,
+                 topk: int) -> Tensor:
+    tokens, device = q.shape[0], q.device
+    out = torch.full((tokens, topk), -1, dtype=_I32, device=device)
+    runs = causal_runs(k_start.tolist(), k_end.tolist())  # a host sync, like the kernel's lengths
+    if not runs:
         return out
-
-    def indexer_paged_supported(q, k_cache, weights, block_table, context_lens, topk) -> Verdict:
-        reason = _indexer_declined(q, k_cache, topk) or _weights_declined(q, weights)
-        if reason:
-            return reason
-        block_size = k_cache.shape[1]
-        if block_size % PAGED_BLOCK_MULTIPLE or block_size > PAGED_BLOCK_MAX:
-            return (f"npu_lightning_indexer's PA_BSND cache needs block_size a multiple of "
-                    f"{PAGED_BLOCK_MULTIPLE} up to {PAGED_BLOCK_MAX}, got {block_size}")
-        return True
-
-    @backend.impl("indexer_topk_paged", dtypes=HALVES, supports=indexer_paged_supported)
-    def indexer_topk_paged(q: Tensor, k_cache: Tensor, weights: Tensor, block_table: Tensor,
-                           context_lens: Tensor, topk: int) -> Tensor:
-        batch, queries = q.shape[0], q.shape[1]
-        num_blocks, max_blocks = k_cache.shape[0], block_table.shape[1]
-        if batch * queries == 0 or num_blocks == 0 or max_blocks == 0:  # nothing is visible
-            return torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
-        q64, w64 = _indexer_weights(q, weights)
-        # table entries past a sequence's blocks are ignored by the contract and never read
-        # by the kernel (it does not validate ids); clamped so no garbage id reaches it
-        table = block_table.clamp(0, num_blocks - 1).to(_I32).contiguous()
+    q64, w64 = _indexer_weights(q, weights)
+    count = indexer_sparse_count(topk)
+    for mode in (3, 0):  # the mask mode is per call: one call per kind of run
+        group = [r for r in runs if r[4] == mode]
+        if not group:
+            continue
+        token_idx = torch.cat([torch.arange(a, b) for a, b, *_ in group]).to(device)
+        # TND keys: each run's key range, concatenated. Packed prefill (adjacent ranges)
+        # is a slice of k; overlapping or out-of-order ranges are gathered (a copy).
+        first_key = group[0][2]
+        adjacent = all(r[2] == p[2] + p[3] for p, r in zip(group, group[1:]))
+        if adjacent:
+            key = k[first_key: first_key + sum(r[3] for r in group)]
+        else:
+            key = k.index_select(0, torch.cat([torch.arange(ks, ks + kl) for _, _, ks, kl, _ in group]).to(device))
+        key = key.contiguous().view(-1, 1, k.shape[-1])
         found, _ = backend.runtime.npu_lightning_indexer(
-            q64, k_cache.unsqueeze(2).contiguous(), w64,
-            actual_seq_lengths_query=torch.full((batch,), queries, dtype=_I32, device=q.device),
-            actual_seq_lengths_key=context_lens.to(_I32).contiguous(), block_table=table,
-            layout_query="BSND", layout_key="PA_BSND", sparse_count=indexer_sparse_count(topk), sparse_mode=3)
-        return found[:, :, 0, :topk].contiguous()
+            q64.index_select(0, token_idx), key, w64.index_select(0, token_idx),
+            actual_seq_lengths_query=prefix_sums([b - a for a, b, *_ in group], device),
+            actual_seq_lengths_key=prefix_sums([kl for *_, kl, _ in group], device),
+            layout_query="TND", layout_key="TND", sparse_count=count, sparse_mode=mode)
+        found = found[:, 0, :topk].long()
+        offset = torch.cat([torch.full((b - a,), ks, dtype=_I64) for a, b, ks, *_ in group]).to(device)
+        out[token_idx] = torch.where(found >= 0, found + offset.unsqueeze(-1), -1).to(_I32)
+    return out
 
-    def attention(q: Tensor, key_rows: Tensor, local: Tensor, kv_lengths: list[int], q_lengths: list[int],
-                  sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
-        """npu_sparse_flash_attention in MLA-absorb mode over TND query and key batches:
-        q [T, H, 576], key_rows [S, 576], local [T, K] left-packed positions within each
-        token's batch. Returns (out [T, H, d_v], lse [T, H] float32)."""
-        device = q.device
-        tokens, heads = q.shape[0], q.shape[1]
-        key = key_rows[:, :SFA_NOPE].contiguous().view(-1, 1, SFA_NOPE)
-        key_rope = key_rows[:, SFA_NOPE:].contiguous().view(-1, 1, SFA_ROPE)
-        indices = local.view(tokens, 1, -1).contiguous()
-        cu_q, cu_kv = prefix_sums(q_lengths, device), prefix_sums(kv_lengths, device)
-        outs, lses = [], []
-        for first, end, padded in head_chunks(heads):
-            chunk = q[:, first:end]
-            out, softmax_max, softmax_sum = backend.runtime.npu_sparse_flash_attention(
-                pad_heads(chunk[..., :SFA_NOPE], padded, 1), key, key, indices, float(sm_scale),
-                actual_seq_lengths_query=cu_q, actual_seq_lengths_kv=cu_kv,
-                query_rope=pad_heads(chunk[..., SFA_NOPE:], padded, 1), key_rope=key_rope,
-                sparse_block_size=1, layout_query="TND", layout_kv="TND", sparse_mode=0, attention_mode=2,
-                return_softmax_lse=True)
-            outs.append(out[:, : end - first, :d_v])
-            # lse = running max + log(sum of exp(z - max)); an empty row has sum 0 -> -inf
-            lses.append(softmax_max[0, :, : end - first] + torch.log(softmax_sum[0, :, : end - first]))
-        out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1).to(_F32)
-        # the contract's empty row (no valid index) is out 0, whatever the kernel leaves there
-        return torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, out).to(q.dtype), lse
 
-    def empty_attention(q: Tensor, d_v: int) -> tuple[Tensor, Tensor]:
-        lead = q.shape[:-1]
-        return q.new_zeros((*lead, d_v)), torch.full(lead, float("-inf"), dtype=_F32, device=q.device)
+def indexer_topk_paged_supported(backend: "AscendBackend", q, k_cache, weights, block_table, context_lens,
+                                 topk) -> Verdict:
+    reason = _indexer_declined(q, k_cache, topk) or _weights_declined(q, weights)
+    if reason:
+        return reason
+    block_size = k_cache.shape[1]
+    if block_size % PAGED_BLOCK_MULTIPLE or block_size > PAGED_BLOCK_MAX:
+        return (f"npu_lightning_indexer's PA_BSND cache needs block_size a multiple of "
+                f"{PAGED_BLOCK_MULTIPLE} up to {PAGED_BLOCK_MAX}, got {block_size}")
+    return True
 
-    def sparse_attention_supported(q, kv, indices, sm_scale, d_v) -> Verdict:
-        return _attention_declined(q, d_v) or True
 
-    @backend.impl("sparse_mla_attention", dtypes=HALVES, supports=sparse_attention_supported)
-    def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
-                             d_v: int) -> tuple[Tensor, Tensor]:
-        tokens, num_keys = q.shape[0], kv.shape[0]
-        if tokens == 0 or num_keys == 0:
-            return empty_attention(q, d_v)
-        # one TND batch holding every key; sparse_mode 0 so only [0, S) bounds the indices
-        local = left_pack(indices, (indices >= 0) & (indices < num_keys))
-        return attention(q, kv, local, [num_keys], [tokens], sm_scale, d_v)
+def indexer_topk_paged(backend: "AscendBackend", q: Tensor, k_cache: Tensor, weights: Tensor, block_table: Tensor,
+                       context_lens: Tensor, topk: int) -> Tensor:
+    batch, queries = q.shape[0], q.shape[1]
+    num_blocks, max_blocks = k_cache.shape[0], block_table.shape[1]
+    if batch * queries == 0 or num_blocks == 0 or max_blocks == 0:  # nothing is visible
+        return torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
+    q64, w64 = _indexer_weights(q, weights)
+    # table entries past a sequence's blocks are ignored by the contract and never read
+    # by the kernel (it does not validate ids); clamped so no garbage id reaches it
+    table = block_table.clamp(0, num_blocks - 1).to(_I32).contiguous()
+    found, _ = backend.runtime.npu_lightning_indexer(
+        q64, k_cache.unsqueeze(2).contiguous(), w64,
+        actual_seq_lengths_query=torch.full((batch,), queries, dtype=_I32, device=q.device),
+        actual_seq_lengths_key=context_lens.to(_I32).contiguous(), block_table=table,
+        layout_query="BSND", layout_key="PA_BSND", sparse_count=indexer_sparse_count(topk), sparse_mode=3)
+    return found[:, :, 0, :topk].contiguous()
 
-    @backend.impl("sparse_mla_decode_paged", dtypes=HALVES,
-                  supports=lambda q, kv_cache, bt, cl, indices, sm_scale, d_v: _attention_declined(q, d_v) or True)
-    def sparse_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
-                                indices: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
-        batch, queries, heads, dqk = q.shape
-        topk = indices.shape[-1]
-        block_size = kv_cache.shape[1]
-        valid = (indices >= 0) & (indices < context_lens.view(-1, 1, 1))
-        if batch * queries == 0 or kv_cache.shape[0] == 0 or not bool(valid.any()):
-            return empty_attention(q, d_v)
-        # Gather each token's selected rows into its own TND batch: with the vendor's PA_BSND
-        # path the kernel cannot return the lse (training-only, not with PA), and it would
-        # need the canonical [.., 576] cache split into two contiguous caches (a full copy).
-        pos = torch.where(valid, indices.long(), 0)
-        blocks = block_table.long().gather(1, (pos // block_size).view(batch, -1)).view(pos.shape)
-        slots = torch.where(valid, blocks * block_size + pos % block_size, 0)
-        rows = kv_cache.reshape(-1, dqk)[slots.view(-1)]                        # [B*N*K, 576]
-        tokens = batch * queries
-        ranks = torch.arange(topk, device=q.device).expand(tokens, topk)
-        local = left_pack(ranks, valid.view(tokens, topk))
-        out, lse = attention(q.reshape(tokens, heads, dqk), rows, local, [topk] * tokens, [1] * tokens,
-                             sm_scale, d_v)
-        return out.view(batch, queries, heads, d_v), lse.view(batch, queries, heads)
+
+def _attention(backend: "AscendBackend", q: Tensor, key_rows: Tensor, local: Tensor, kv_lengths: list[int],
+               q_lengths: list[int], sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    """npu_sparse_flash_attention in MLA-absorb mode over TND query and key batches:
+    q [T, H, 576], key_rows [S, 576], local [T, K] left-packed positions within each
+    token's batch. Returns (out [T, H, d_v], lse [T, H] float32)."""
+    device = q.device
+    tokens, heads = q.shape[0], q.shape[1]
+    key = key_rows[:, :SFA_NOPE].contiguous().view(-1, 1, SFA_NOPE)
+    key_rope = key_rows[:, SFA_NOPE:].contiguous().view(-1, 1, SFA_ROPE)
+    indices = local.view(tokens, 1, -1).contiguous()
+    cu_q, cu_kv = prefix_sums(q_lengths, device), prefix_sums(kv_lengths, device)
+    outs, lses = [], []
+    for first, end, padded in head_chunks(heads):
+        chunk = q[:, first:end]
+        out, softmax_max, softmax_sum = backend.runtime.npu_sparse_flash_attention(
+            pad_heads(chunk[..., :SFA_NOPE], padded, 1), key, key, indices, float(sm_scale),
+            actual_seq_lengths_query=cu_q, actual_seq_lengths_kv=cu_kv,
+            query_rope=pad_heads(chunk[..., SFA_NOPE:], padded, 1), key_rope=key_rope,
+            sparse_block_size=1, layout_query="TND", layout_kv="TND", sparse_mode=0, attention_mode=2,
+            return_softmax_lse=True)
+        outs.append(out[:, : end - first, :d_v])
+        # lse = running max + log(sum of exp(z - max)); an empty row has sum 0 -> -inf
+        lses.append(softmax_max[0, :, : end - first] + torch.log(softmax_sum[0, :, : end - first]))
+    out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1).to(_F32)
+    # the contract's empty row (no valid index) is out 0, whatever the kernel leaves there
+    return torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, out).to(q.dtype), lse
+
+
+def _empty_attention(q: Tensor, d_v: int) -> tuple[Tensor, Tensor]:
+    lead = q.shape[:-1]
+    return q.new_zeros((*lead, d_v)), torch.full(lead, float("-inf"), dtype=_F32, device=q.device)
+
+
+def sparse_mla_attention_supported(backend: "AscendBackend", q, kv, indices, sm_scale, d_v) -> Verdict:
+    return _attention_declined(q, d_v) or True
+
+
+def sparse_mla_attention(backend: "AscendBackend", q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
+                         d_v: int) -> tuple[Tensor, Tensor]:
+    tokens, num_keys = q.shape[0], kv.shape[0]
+    if tokens == 0 or num_keys == 0:
+        return _empty_attention(q, d_v)
+    # one TND batch holding every key; sparse_mode 0 so only [0, S) bounds the indices
+    local = left_pack(indices, (indices >= 0) & (indices < num_keys))
+    return _attention(backend, q, kv, local, [num_keys], [tokens], sm_scale, d_v)
+
+
+def sparse_mla_decode_paged_supported(backend: "AscendBackend", q, kv_cache, block_table, context_lens, indices,
+                                      sm_scale, d_v) -> Verdict:
+    return _attention_declined(q, d_v) or True
+
+
+def sparse_mla_decode_paged(backend: "AscendBackend", q: Tensor, kv_cache: Tensor, block_table: Tensor,
+                            context_lens: Tensor, indices: Tensor, sm_scale: float, d_v: int) -> tuple[Tensor, Tensor]:
+    batch, queries, heads, dqk = q.shape
+    topk = indices.shape[-1]
+    block_size = kv_cache.shape[1]
+    valid = (indices >= 0) & (indices < context_lens.view(-1, 1, 1))
+    if batch * queries == 0 or kv_cache.shape[0] == 0 or not bool(valid.any()):
+        return _empty_attention(q, d_v)
+    # Gather each token's selected rows into its own TND batch: with the vendor's PA_BSND
+    # path the kernel cannot return the lse (training-only, not with PA), and it would
+    # need the canonical [.., 576] cache split into two contiguous caches (a full copy).
+    pos = torch.where(valid, indices.long(), 0)
+    blocks = block_table.long().gather(1, (pos // block_size).view(batch, -1)).view(pos.shape)
+    slots = torch.where(valid, blocks * block_size + pos % block_size, 0)
+    rows = kv_cache.reshape(-1, dqk)[slots.view(-1)]                        # [B*N*K, 576]
+    tokens = batch * queries
+    ranks = torch.arange(topk, device=q.device).expand(tokens, topk)
+    local = left_pack(ranks, valid.view(tokens, topk))
+    out, lse = _attention(backend, q.reshape(tokens, heads, dqk), rows, local, [topk] * tokens, [1] * tokens,
+                         sm_scale, d_v)
+    return out.view(batch, queries, heads, d_v), lse.view(batch, queries, heads)
 
 
 # -- MoE ---------------------------------------------------------------------------------------
-def _declare_moe(backend: "AscendBackend") -> None:
-    def route_supported(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob,
-                        score_func) -> Verdict:
-        experts = logits.shape[1]
-        per_group = experts // n_group
-        if score_func == "sigmoid" and not norm_topk_prob:
-            return ("npu_moe_gating_top_k always renormalises sigmoid scores (norm_type 1); "
-                    "norm_topk_prob=False is not expressible")
-        if experts > GATING_MAX_EXPERTS:
-            return f"npu_moe_gating_top_k takes at most {GATING_MAX_EXPERTS} experts, got {experts}"
-        if per_group <= 2:
-            return f"npu_moe_gating_top_k needs more than 2 experts per group, got {per_group}"
-        if -(-per_group // 32) * 32 * n_group > GATING_MAX_EXPERTS:
-            return (f"npu_moe_gating_top_k needs Align32(E / n_group) * n_group <= {GATING_MAX_EXPERTS}, "
-                    f"got {-(-per_group // 32) * 32 * n_group}")
-        return True
+def moe_route_supported(backend: "AscendBackend", logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                        norm_topk_prob, score_func) -> Verdict:
+    experts = logits.shape[1]
+    per_group = experts // n_group
+    if score_func == "sigmoid" and not norm_topk_prob:
+        return ("npu_moe_gating_top_k always renormalises sigmoid scores (norm_type 1); "
+                "norm_topk_prob=False is not expressible")
+    if experts > GATING_MAX_EXPERTS:
+        return f"npu_moe_gating_top_k takes at most {GATING_MAX_EXPERTS} experts, got {experts}"
+    if per_group <= 2:
+        return f"npu_moe_gating_top_k needs more than 2 experts per group, got {per_group}"
+    if -(-per_group // 32) * 32 * n_group > GATING_MAX_EXPERTS:
+        return (f"npu_moe_gating_top_k needs Align32(E / n_group) * n_group <= {GATING_MAX_EXPERTS}, "
+                f"got {-(-per_group // 32) * 32 * n_group}")
+    return True
 
-    @backend.impl("moe_route", dtypes=FLOATS, supports=route_supported)
-    def moe_route(logits: Tensor, bias: Tensor | None, top_k: int, n_group: int, topk_group: int,
-                  routed_scaling_factor: float, norm_topk_prob: bool, score_func: str) -> tuple[Tensor, Tensor]:
-        tokens = logits.shape[0]
-        if tokens == 0:
-            return (logits.new_empty((0, top_k), dtype=_F32), logits.new_empty((0, top_k), dtype=_I32))
-        softmax = score_func == "softmax"
-        # float32 logits: the gate returns its weights in x's dtype and the contract's are float32.
-        # The wheel documents renorm=0 only, so softmax + norm_topk_prob normalises here.
-        weights, ids, _ = backend.runtime.npu_moe_gating_top_k(
-            logits.to(_F32).contiguous(), top_k, bias=None if bias is None else bias.to(_F32),
-            k_group=topk_group, group_count=n_group, group_select_mode=1, renorm=0,
-            norm_type=0 if softmax else 1, out_flag=False,
-            routed_scaling_factor=1.0 if softmax and norm_topk_prob else float(routed_scaling_factor), eps=1e-20)
-        if softmax and norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * routed_scaling_factor
-        return weights.to(_F32), ids.to(_I32)
 
-    def permute_supported(x, ids, num_experts) -> Verdict:
-        if num_experts + 1 > ROUTING_MAX_EXPERT_NUM:
-            return (f"npu_moe_init_routing_v2 takes expert_num <= {ROUTING_MAX_EXPERT_NUM}; the adapter needs "
-                    f"num_experts + 1 = {num_experts + 1}")
-        if x.shape[1] == 0:
-            return "npu_moe_init_routing_v2 needs a hidden size H >= 1"
-        return True
+def moe_route(backend: "AscendBackend", logits: Tensor, bias: Tensor | None, top_k: int, n_group: int, topk_group: int,
+              routed_scaling_factor: float, norm_topk_prob: bool, score_func: str) -> tuple[Tensor, Tensor]:
+    tokens = logits.shape[0]
+    if tokens == 0:
+        return (logits.new_empty((0, top_k), dtype=_F32), logits.new_empty((0, top_k), dtype=_I32))
+    softmax = score_func == "softmax"
+    # float32 logits: the gate returns its weights in x's dtype and the contract's are float32.
+    # The wheel documents renorm=0 only, so softmax + norm_topk_prob normalises here.
+    weights, ids, _ = backend.runtime.npu_moe_gating_top_k(
+        logits.to(_F32).contiguous(), top_k, bias=None if bias is None else bias.to(_F32),
+        k_group=topk_group, group_count=n_group, group_select_mode=1, renorm=0,
+        norm_type=0 if softmax else 1, out_flag=False,
+        routed_scaling_factor=1.0 if softmax and norm_topk_prob else float(routed_scaling_factor), eps=1e-20)
+    if softmax and norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * routed_scaling_factor
+    return weights.to(_F32), ids.to(_I32)
 
-    @backend.impl("moe_permute", dtypes=FLOATS, supports=permute_supported)
-    def moe_permute(x: Tensor, ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
-        tokens, k = ids.shape
-        if tokens == 0:
-            return (x.new_empty((0, x.shape[1])), ids.new_zeros(num_experts, dtype=_I32),
-                    ids.new_empty(0, dtype=_I32))
-        # Ids outside [0, E) must be dropped, but the op requires ids < expert_num: send them
-        # to a spare expert E outside active_expert_range [0, E), which the op drops.
-        routed = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts).to(_I32).contiguous()
-        expanded_x, expanded_row_idx, counts, _ = backend.runtime.npu_moe_init_routing_v2(
-            x.contiguous(), routed, active_num=tokens * k, expert_num=num_experts + 1,
-            expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
-            active_expert_range=[0, num_experts], row_idx_type=1)
-        # row_idx_type 1: row r <- flat index expanded_row_idx[r] (our src); a stable sort by
-        # expert, i.e. expert-ascending then flat-index-ascending, valid rows first
-        rows = int(counts.sum())
-        return expanded_x[:rows], counts.to(_I32), expanded_row_idx[:rows].to(_I32)
 
-    @backend.impl("moe_unpermute", dtypes=FLOATS)
-    def moe_unpermute(y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
-        tokens, k = weights.shape
-        hidden = y.shape[1]
-        if tokens == 0 or hidden == 0:
-            return y.new_zeros((tokens, hidden))
-        # Rows at their flat (t, j) slot, token-major (drop_pad_mode 2); slots without a row
-        # stay zero, repeated src entries add up as the contract says. Float32 rows and
-        # scales: the op wants scales in the rows' dtype and the contract's weights are fp32.
-        slotted = y.new_zeros((tokens * k, hidden), dtype=_F32)
-        slotted.index_put_((src.long(),), y.to(_F32), accumulate=True)
-        identity = torch.arange(tokens * k, dtype=_I32, device=y.device)
-        out = backend.runtime.npu_moe_finalize_routing(
-            slotted, None, None, None, weights.to(_F32).contiguous(), identity, None, drop_pad_mode=2, k=k)
-        return out.to(y.dtype)
+def moe_permute_supported(backend: "AscendBackend", x, ids, num_experts) -> Verdict:
+    if num_experts + 1 > ROUTING_MAX_EXPERT_NUM:
+        return (f"npu_moe_init_routing_v2 takes expert_num <= {ROUTING_MAX_EXPERT_NUM}; the adapter needs "
+                f"num_experts + 1 = {num_experts + 1}")
+    if x.shape[1] == 0:
+        return "npu_moe_init_routing_v2 needs a hidden size H >= 1"
+    return True
 
-    def grouped_gemm_supported(x, w, tokens_per_expert) -> Verdict:
-        experts, n, k = w.shape
-        if experts > GMM_MAX_GROUPS:
-            return f"npu_grouped_matmul takes at most {GMM_MAX_GROUPS} groups with one weight tensor, got {experts}"
-        if max(n, k) >= GMM_MAX_LAST_DIM:
-            return f"npu_grouped_matmul needs K and N < {GMM_MAX_LAST_DIM}, got K={k}, N={n}"
-        return True
 
-    @backend.impl("grouped_gemm", dtypes=FLOATS, supports=grouped_gemm_supported)
-    def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
-        rows, n = x.shape[0], w.shape[1]
-        if rows == 0 or n == 0:
-            return x.new_zeros((rows, n))
-        if x.shape[1] == 0:
-            return x.new_zeros((rows, n))
-        # the op's weight is [E, K, N]; a transposed view of our [E, N, K] is accepted as is
-        return backend.runtime.npu_grouped_matmul(
-            [x.contiguous()], [w.transpose(1, 2)], group_list=tokens_per_expert.to(_I64), group_list_type=1,
-            group_type=0, split_item=2)[0]
+def moe_permute(backend: "AscendBackend", x: Tensor, ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    tokens, k = ids.shape
+    if tokens == 0:
+        return no_permuted_rows(x, ids, num_experts)
+    # Ids outside [0, E) must be dropped, but the op requires ids < expert_num: send them
+    # to a spare expert E outside active_expert_range [0, E), which the op drops.
+    routed = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts).to(_I32).contiguous()
+    expanded_x, expanded_row_idx, counts, _ = backend.runtime.npu_moe_init_routing_v2(
+        x.contiguous(), routed, active_num=tokens * k, expert_num=num_experts + 1,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
+        active_expert_range=[0, num_experts], row_idx_type=1)
+    # row_idx_type 1: row r <- flat index expanded_row_idx[r] (our src); a stable sort by
+    # expert, i.e. expert-ascending then flat-index-ascending, valid rows first
+    rows = int(counts.sum())
+    return expanded_x[:rows], counts.to(_I32), expanded_row_idx[:rows].to(_I32)
+
+
+def moe_unpermute(backend: "AscendBackend", y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
+    tokens, k = weights.shape
+    hidden = y.shape[1]
+    if tokens == 0 or hidden == 0:
+        return y.new_zeros((tokens, hidden))
+    # Rows at their flat (t, j) slot, token-major (drop_pad_mode 2); slots without a row
+    # stay zero, repeated src entries add up as the contract says. Float32 rows and
+    # scales: the op wants scales in the rows' dtype and the contract's weights are fp32.
+    slotted = y.new_zeros((tokens * k, hidden), dtype=_F32)
+    slotted.index_put_((src.long(),), y.to(_F32), accumulate=True)
+    identity = torch.arange(tokens * k, dtype=_I32, device=y.device)
+    out = backend.runtime.npu_moe_finalize_routing(
+        slotted, None, None, None, weights.to(_F32).contiguous(), identity, None, drop_pad_mode=2, k=k)
+    return out.to(y.dtype)
+
+
+def grouped_gemm_supported(backend: "AscendBackend", x, w, tokens_per_expert) -> Verdict:
+    experts, n, k = w.shape
+    if experts > GMM_MAX_GROUPS:
+        return f"npu_grouped_matmul takes at most {GMM_MAX_GROUPS} groups with one weight tensor, got {experts}"
+    if max(n, k) >= GMM_MAX_LAST_DIM:
+        return f"npu_grouped_matmul needs K and N < {GMM_MAX_LAST_DIM}, got K={k}, N={n}"
+    return True
+
+
+def grouped_gemm(backend: "AscendBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
+    rows, n = x.shape[0], w.shape[1]
+    if rows == 0 or n == 0:
+        return x.new_zeros((rows, n))
+    if x.shape[1] == 0:
+        return x.new_zeros((rows, n))
+    # the op's weight is [E, K, N]; a transposed view of our [E, N, K] is accepted as is
+    return backend.runtime.npu_grouped_matmul(
+        [x.contiguous()], [w.transpose(1, 2)], group_list=tokens_per_expert.to(_I64), group_list_type=1,
+        group_type=0, split_item=2)[0]
 
 
 # -- KV cache ----------------------------------------------------------------------------------
@@ -516,36 +505,55 @@ def _as_bytes(t: Tensor) -> Tensor:
     return t.view(torch.int8) if t.dtype == _FP8 else t
 
 
-def _declare_kv(backend: "AscendBackend") -> None:
-    @backend.impl("kv_cache_write", dtypes=FLOATS + (_FP8,))
-    def kv_cache_write(cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
-        written, slots = _written_slots(slot_mapping)
-        if slots.numel() == 0 or cache.shape[-1] == 0:
-            return None
-        rows = values[written].contiguous()
-        backend.runtime.npu_scatter_nd_update_(_as_bytes(cache.view(-1, cache.shape[-1])), slots,
-                                               _as_bytes(rows))
+def kv_cache_write(backend: "AscendBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
+    written, slots = _written_slots(slot_mapping)
+    if slots.numel() == 0 or cache.shape[-1] == 0:
         return None
+    rows = values[written].contiguous()
+    backend.runtime.npu_scatter_nd_update_(_as_bytes(cache.view(-1, cache.shape[-1])), slots,
+                                           _as_bytes(rows))
+    return None
 
-    def indexer_k_write_supported(k, k_cache, k_scale, slot_mapping, scale_fmt) -> Verdict:
-        return first_reason(
-            backend.fp8_declined,
-            lambda: None if k.shape[1] == BLOCK_QUANT_COLS else
-            f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, the key rows have "
-            f"D = {k.shape[1]}",
-            lambda: None if scale_fmt is None else
-            "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
 
-    @backend.impl("indexer_k_cache_write", dtypes=HALVES, supports=indexer_k_write_supported)
-    def indexer_k_cache_write(k: Tensor, k_cache: Tensor, k_scale: Tensor, slot_mapping: Tensor,
-                              scale_fmt: str | None) -> None:
-        written, slots = _written_slots(slot_mapping)
-        if slots.numel() == 0:
-            return None
-        # one key row is one 1 x 128 block: its scale is the row's scale
-        q, scale = backend.runtime.npu_dynamic_block_quant(
-            k[written].contiguous(), min_scale=FP8_MIN_AMAX / FP8_MAX, dst_type=_FP8, row_block_size=1,
-            col_block_size=BLOCK_QUANT_COLS)
-        backend.runtime.npu_scatter_nd_update_(_as_bytes(k_cache.view(-1, k_cache.shape[-1])), slots, _as_bytes(q))
-        backend.runtime.npu_scatter_nd_update_(k_scale.view(-1, 1), slots, scale.view(-1, 1))
+def indexer_k_cache_write_supported(backend: "AscendBackend", k, k_cache, k_scale, slot_mapping, scale_fmt) -> Verdict:
+    return first_reason(
+        backend.fp8_declined,
+        lambda: None if k.shape[1] == BLOCK_QUANT_COLS else
+        f"npu_dynamic_block_quant quantises blocks of {BLOCK_QUANT_COLS} columns only, the key rows have "
+        f"D = {k.shape[1]}",
+        lambda: None if scale_fmt is None else
+        "npu_dynamic_block_quant has no power-of-two (ue8m0) scale option")
+
+
+def indexer_k_cache_write(backend: "AscendBackend", k: Tensor, k_cache: Tensor, k_scale: Tensor, slot_mapping: Tensor,
+                          scale_fmt: str | None) -> None:
+    written, slots = _written_slots(slot_mapping)
+    if slots.numel() == 0:
         return None
+    # one key row is one 1 x 128 block: its scale is the row's scale
+    q, scale = backend.runtime.npu_dynamic_block_quant(
+        k[written].contiguous(), min_scale=FP8_MIN_AMAX / FP8_MAX, dst_type=_FP8, row_block_size=1,
+        col_block_size=BLOCK_QUANT_COLS)
+    backend.runtime.npu_scatter_nd_update_(_as_bytes(k_cache.view(-1, k_cache.shape[-1])), slots, _as_bytes(q))
+    backend.runtime.npu_scatter_nd_update_(k_scale.view(-1, 1), slots, scale.view(-1, 1))
+    return None
+
+
+ADAPTERS = (
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
+    Adapter("hadamard_transform", hadamard_transform, dtypes=FLOATS, supports=hadamard_transform_supported),
+    Adapter("fp8_block_quant", fp8_block_quant, dtypes=HALVES, supports=fp8_block_quant_supported),
+    Adapter("indexer_topk", indexer_topk, dtypes=HALVES, supports=indexer_topk_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports=indexer_topk_paged_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=HALVES, supports=sparse_mla_attention_supported),
+    Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=HALVES,
+            supports=sparse_mla_decode_paged_supported),
+    Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
+    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
+    Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+    Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS + (_FP8,)),
+    Adapter("indexer_k_cache_write", indexer_k_cache_write, dtypes=HALVES, supports=indexer_k_cache_write_supported),
+)

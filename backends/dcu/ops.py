@@ -1,12 +1,13 @@
 """Adapters from glm5_hal's canonical ops to what a Hygon DCU offers: lightop (Hygon's fused
 ops), vLLM's `_C` ops, torch's own ROCm kernels, and the backend's HIP kernels.
 
-`declare(backend)` registers one closure per op on a DcuBackend instance; each reaches the
-vendor through `backend.runtime` (DcuRuntime over the real modules, or the emulator in
-tests), so several instances coexist. Inputs arrive validated by glm5_hal.ops; an adapter
-converts layouts and index conventions, calls the vendor function and returns exactly the
-canonical outputs. Each `supports()` returns a reason when the call is outside what the
-vendor function takes (dtype, a missing package, kernels not built), so dispatch moves on.
+Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which every
+DcuBackend instance binds to itself; it reaches the vendor through `backend.runtime`
+(DcuRuntime over the real modules, or the emulator in tests), so several instances coexist.
+Inputs arrive validated by glm5_hal.ops; an adapter converts layouts and index conventions,
+calls the vendor function and returns exactly the canonical outputs. Each `supports()`
+returns a reason when the call is outside what the vendor function takes (dtype, a missing
+package, kernels not built), so dispatch moves on.
 
 lightop's per-row top-k is reported (a field report on a K100_AI, GLM-5.2) to leave the
 slots of a row with fewer keys than top-k unwritten, i.e. whatever the buffer held. The
@@ -22,11 +23,12 @@ import torch
 from torch import Tensor
 
 from glm5_hal.backends._cuda_dialect import WORKSPACE_BUDGET_BYTES
-from glm5_hal.backends._cuda_dialect import adapters as kernel_adapters
+from glm5_hal.backends._cuda_dialect import adapters as gpu
+from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, rope_angles
 
 from . import arch
 from .runtime import lightop_function
-from glm5_hal.vendor_backend import Verdict, dtype_name, first_reason
 
 if TYPE_CHECKING:
     from . import DcuBackend
@@ -43,18 +45,8 @@ OP_LIMITS = {
     "vLLM _C rotary_embedding": "in place on a float32 copy (float32 cos/sin); both pair layouts",
     "torch._grouped_mm": "probed once per dtype on the device (upstream ROCm torch limits its fast path to "
                          "MI300-class GPUs)",
-    **kernel_adapters.KERNEL_LIMITS,
+    **gpu.KERNEL_LIMITS,
 }
-
-
-def declare(backend: "DcuBackend") -> None:
-    """Declares every adapter on `backend` (closures over it: one set per instance)."""
-    _declare_lightop(backend)
-    _declare_rope(backend)
-    _declare_grouped_gemm(backend)
-    _declare_indexer(backend)
-    _declare_sparse_mla(backend)
-    kernel_adapters.declare_kernel_ops(backend, ("kv_cache_write", "moe_permute", "moe_unpermute"))
 
 
 def _lightop_declined(backend: "DcuBackend", places, what: str) -> str | None:
@@ -67,104 +59,104 @@ def _lightop_declined(backend: "DcuBackend", places, what: str) -> str | None:
 
 
 # -- lightop: rms_norm, silu_and_mul -------------------------------------------------------------
-def _declare_lightop(backend: "DcuBackend") -> None:
-    def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
-        return first_reason(
-            lambda: _lightop_declined(backend, arch.LIGHTOP_RMS_NORM, "rmsnorm_forward_autograd"),
-            lambda: None if weight.dtype == x.dtype else
-            f"lightop's RMSNorm takes the weight in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
-            f"{dtype_name(x.dtype)} would round it")
+def rms_norm_supported(backend: "DcuBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
+    return first_reason(
+        lambda: _lightop_declined(backend, arch.LIGHTOP_RMS_NORM, "rmsnorm_forward_autograd"),
+        lambda: None if weight.dtype == x.dtype else
+        f"lightop's RMSNorm takes the weight in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
+        f"{dtype_name(x.dtype)} would round it")
 
-    @backend.impl("rms_norm", dtypes=HALVES, supports=rms_norm_supported)
-    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_RMS_NORM)
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        return fn(rows, weight.contiguous(), float(eps), False).view(x.shape)
 
-    def silu_route(x: Tensor) -> tuple[str | None, str]:
-        lightop = _lightop_declined(backend, arch.LIGHTOP_SILU_AND_MUL, "silu_and_mul_opt")
-        if lightop is None and x.dtype in HALVES:
-            return "lightop", ""
-        kernel = backend.kernels.missing()
-        if kernel is None:
-            return "kernel", ""
-        lightop = lightop or f"lightop's silu_and_mul_opt is offered for bf16/fp16, not {dtype_name(x.dtype)}"
-        return None, f"{lightop}; {kernel}"
+def rms_norm(backend: "DcuBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_RMS_NORM)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return fn(rows, weight.contiguous(), float(eps), False).view(x.shape)
 
-    def silu_supported(x: Tensor) -> Verdict:
-        path, reason = silu_route(x)
-        return True if path else reason
 
-    @backend.impl("silu_and_mul", dtypes=FLOATS, supports=silu_supported)
-    def silu_and_mul(x: Tensor) -> Tensor:
-        path, _ = silu_route(x)
-        if path == "kernel":
-            return backend.kernels.silu_and_mul(x, backend.stream(x.device))
-        half = x.shape[-1] // 2
-        out = x.new_empty((*x.shape[:-1], half))
-        if out.numel() == 0:
-            return out
-        fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_SILU_AND_MUL)
-        fn(out.view(-1, half), x.reshape(-1, x.shape[-1]).contiguous())
+def _silu_route(backend: "DcuBackend", x: Tensor) -> tuple[str | None, str]:
+    lightop = _lightop_declined(backend, arch.LIGHTOP_SILU_AND_MUL, "silu_and_mul_opt")
+    if lightop is None and x.dtype in HALVES:
+        return "lightop", ""
+    kernel = backend.kernels.missing()
+    if kernel is None:
+        return "kernel", ""
+    lightop = lightop or f"lightop's silu_and_mul_opt is offered for bf16/fp16, not {dtype_name(x.dtype)}"
+    return None, f"{lightop}; {kernel}"
+
+
+def silu_and_mul_supported(backend: "DcuBackend", x: Tensor) -> Verdict:
+    path, reason = _silu_route(backend, x)
+    return True if path else reason
+
+
+def silu_and_mul(backend: "DcuBackend", x: Tensor) -> Tensor:
+    path, _ = _silu_route(backend, x)
+    if path == "kernel":
+        return gpu.silu_and_mul(backend, x)
+    half = x.shape[-1] // 2
+    out = x.new_empty((*x.shape[:-1], half))
+    if out.numel() == 0:
         return out
+    fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_SILU_AND_MUL)
+    fn(out.view(-1, half), x.reshape(-1, x.shape[-1]).contiguous())
+    return out
 
 
 # -- vLLM _C: apply_rope ---------------------------------------------------------------------------
-def _declare_rope(backend: "DcuBackend") -> None:
-    def rope_supported(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Verdict:
-        runtime = backend.runtime
-        return True if runtime.vllm_ops is not None else runtime.vllm_ops_missing
+def apply_rope_supported(backend: "DcuBackend", x: Tensor, positions: Tensor, theta: float,
+                         interleaved: bool) -> Verdict:
+    runtime = backend.runtime
+    return True if runtime.vllm_ops is not None else runtime.vllm_ops_missing
 
-    @backend.impl("apply_rope", dtypes=FLOATS, supports=rope_supported)
-    def apply_rope(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
-        tokens, heads, rot = x.shape
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        exponents = torch.arange(rot // 2, device=x.device, dtype=_F32) * (-2.0 / rot)
-        angles = positions.to(_F32)[:, None] * torch.pow(float(theta), exponents)[None, :]
-        # One cache row per token (cos of the R/2 angles, then their sin), looked up by the
-        # token's own index, so the cache never spans the largest position.
-        cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
-        # The kernel rotates in its scalar type and in place: a float32 copy keeps the
-        # contract's single rounding (bf16 cos/sin would miss it near cancellations)
-        query = x.to(_F32, copy=True).reshape(tokens, heads * rot).contiguous()
-        scratch_key = torch.zeros((tokens, rot), dtype=_F32, device=x.device)  # one head, discarded
-        token_index = torch.arange(tokens, dtype=_I64, device=x.device)
-        backend.runtime.vllm_ops.rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache,
-                                                  not interleaved)
-        return query.view(tokens, heads, rot).to(x.dtype)
+
+def apply_rope(backend: "DcuBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
+    tokens, heads, rot = x.shape
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    angles = rope_angles(positions, rot, theta)
+    # One cache row per token (cos of the R/2 angles, then their sin), looked up by the
+    # token's own index, so the cache never spans the largest position.
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
+    # The kernel rotates in its scalar type and in place: a float32 copy keeps the
+    # contract's single rounding (bf16 cos/sin would miss it near cancellations)
+    query = x.to(_F32, copy=True).reshape(tokens, heads * rot).contiguous()
+    scratch_key = torch.zeros((tokens, rot), dtype=_F32, device=x.device)  # one head, discarded
+    token_index = torch.arange(tokens, dtype=_I64, device=x.device)
+    backend.runtime.vllm_ops.rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache,
+                                              not interleaved)
+    return query.view(tokens, heads, rot).to(x.dtype)
 
 
 # -- torch's own ROCm kernels: grouped_gemm --------------------------------------------------------
-def _declare_grouped_gemm(backend: "DcuBackend") -> None:
-    verdicts: dict[tuple, str | None] = {}
+def _grouped_mm_declined(backend: "DcuBackend", x: Tensor) -> str | None:
+    """Whether torch._grouped_mm runs on this device for x's dtype, found once per backend
+    with a 16 x 16 call: ROCm builds of torch may run it only on some GPUs."""
+    verdicts = backend.grouped_mm_verdicts
+    key = (x.device.type, x.dtype)
+    if key not in verdicts:
+        torch_ns = backend.runtime.torch
+        try:
+            a = torch.ones((2, 16), dtype=x.dtype, device=x.device)
+            b = torch.ones((1, 16, 16), dtype=x.dtype, device=x.device)
+            got = gpu.grouped_mm(torch_ns, a, b, torch.tensor([2], dtype=_I32, device=x.device))
+            verdicts[key] = None if bool((got.float() == 16).all()) else \
+                f"torch._grouped_mm gave a wrong {dtype_name(x.dtype)} result on this device"
+        except Exception as exc:  # the device's answer is the capability
+            verdicts[key] = (f"torch._grouped_mm does not run here for {dtype_name(x.dtype)}: "
+                             f"{type(exc).__name__}: {exc}")
+    return verdicts[key]
 
-    def probe_grouped_mm(x: Tensor) -> str | None:
-        """Whether torch._grouped_mm runs on this device for x's dtype, found once with a
-        16 x 16 call: ROCm builds of torch may run it only on some GPUs."""
-        key = (x.device.type, x.dtype)
-        if key not in verdicts:
-            torch_ns = backend.runtime.torch
-            try:
-                a = torch.ones((2, 16), dtype=x.dtype, device=x.device)
-                b = torch.ones((1, 16, 16), dtype=x.dtype, device=x.device)
-                got = kernel_adapters.grouped_mm(torch_ns, a, b, torch.tensor([2], dtype=_I32, device=x.device))
-                verdicts[key] = None if bool((got.float() == 16).all()) else \
-                    f"torch._grouped_mm gave a wrong {dtype_name(x.dtype)} result on this device"
-            except Exception as exc:  # the device's answer is the capability
-                verdicts[key] = f"torch._grouped_mm does not run here for {dtype_name(x.dtype)}: {type(exc).__name__}: {exc}"
-        return verdicts[key]
 
-    def grouped_gemm_supported(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
-        if not callable(getattr(backend.runtime.torch, "_grouped_mm", None)):
-            return "torch._grouped_mm is not in this torch (it needs torch >= 2.8)"
-        return probe_grouped_mm(x) or True
+def grouped_gemm_supported(backend: "DcuBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
+    if not callable(getattr(backend.runtime.torch, "_grouped_mm", None)):
+        return "torch._grouped_mm is not in this torch (it needs torch >= 2.8)"
+    return _grouped_mm_declined(backend, x) or True
 
-    @backend.impl("grouped_gemm", dtypes=FLOATS, supports=grouped_gemm_supported)
-    def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
-        return kernel_adapters.grouped_mm(backend.runtime.torch, x, w, tokens_per_expert)
+
+def grouped_gemm(backend: "DcuBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
+    return gpu.grouped_mm(backend.runtime.torch, x, w, tokens_per_expert)
 
 
 # -- indexer: HIP kernel, else torch logits + lightop's per-row top-k ------------------------------
@@ -199,95 +191,90 @@ def _row_chunk(floats_per_row: int) -> int:
     return max(1, WORKSPACE_BUDGET_BYTES // (4 * max(floats_per_row, 1)))
 
 
-def _declare_indexer(backend: "DcuBackend") -> None:
-    def route(q: Tensor) -> tuple[str | None, str]:
-        kernel = backend.kernels.missing() or kernel_adapters.indexer_shape_declined(q)
-        if kernel is None:
-            return "kernel", ""
-        lightop = _lightop_declined(backend, arch.LIGHTOP_TOP_K, "top_k_per_row_prefill")
-        if lightop is None:
-            return "lightop", ""
-        return None, f"{kernel}; {lightop}"
+def _indexer_route(backend: "DcuBackend", q: Tensor) -> tuple[str | None, str]:
+    kernel = backend.kernels.missing() or gpu.indexer_shape_declined(q)
+    if kernel is None:
+        return "kernel", ""
+    lightop = _lightop_declined(backend, arch.LIGHTOP_TOP_K, "top_k_per_row_prefill")
+    if lightop is None:
+        return "lightop", ""
+    return None, f"{kernel}; {lightop}"
 
-    def indexer_topk_supported(q, k, weights, k_start, k_end, topk) -> Verdict:
-        path, reason = route(q)
-        return True if path else reason
 
-    @backend.impl("indexer_topk", dtypes=FLOATS, supports=indexer_topk_supported)
-    def indexer_topk(q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor, topk: int) -> Tensor:
-        path, _ = route(q)
-        tokens, heads, _ = q.shape
-        if path == "kernel":
-            keys, scale = kernel_adapters.split_key(k)
-            return backend.kernels.indexer_topk(q, keys, scale, weights, k_start, k_end, topk, backend.stream(q.device))
-        out = torch.full((tokens, topk), -1, dtype=_I32, device=q.device)
-        keys = _dequantized(k)
-        step = _row_chunk(heads * keys.shape[0])
-        for first in range(0, tokens, step):
-            last = min(tokens, first + step)
-            # logits [t, S] = sum_h w[t, h] * relu(q[t, h] . k[s]) on torch's ROCm BLAS, float32
-            logits = torch.einsum("thd,sd->ths", q[first:last].float(), keys).relu_()
-            logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(1)
-            start = k_start[first:last]
-            relative = _lightop_topk(backend, logits, start, k_end[first:last], topk)
-            out[first:last] = torch.where(relative >= 0, relative + start.unsqueeze(-1), -1)
+def indexer_topk_supported(backend: "DcuBackend", q: Tensor, k: Any, weights: Tensor, k_start: Tensor,
+                           k_end: Tensor, topk: int) -> Verdict:
+    path, reason = _indexer_route(backend, q)
+    return True if path else reason
+
+
+def indexer_topk(backend: "DcuBackend", q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor,
+                 topk: int) -> Tensor:
+    path, _ = _indexer_route(backend, q)
+    if path == "kernel":
+        return gpu.indexer_topk(backend, q, k, weights, k_start, k_end, topk)
+    tokens, heads, _ = q.shape
+    out = torch.full((tokens, topk), -1, dtype=_I32, device=q.device)
+    keys = _dequantized(k)
+    step = _row_chunk(heads * keys.shape[0])
+    for first in range(0, tokens, step):
+        last = min(tokens, first + step)
+        # logits [t, S] = sum_h w[t, h] * relu(q[t, h] . k[s]) on torch's ROCm BLAS, float32
+        logits = torch.einsum("thd,sd->ths", q[first:last].float(), keys).relu_()
+        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(1)
+        start = k_start[first:last]
+        relative = _lightop_topk(backend, logits, start, k_end[first:last], topk)
+        out[first:last] = torch.where(relative >= 0, relative + start.unsqueeze(-1), -1)
+    return out
+
+
+def indexer_topk_paged_supported(backend: "DcuBackend", q: Tensor, k_cache: Any, weights: Tensor,
+                                 block_table: Tensor, context_lens: Tensor, topk: int) -> Verdict:
+    path, reason = _indexer_route(backend, q)
+    return True if path else reason
+
+
+def indexer_topk_paged(backend: "DcuBackend", q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
+                       context_lens: Tensor, topk: int) -> Tensor:
+    path, _ = _indexer_route(backend, q)
+    if path == "kernel":
+        return gpu.indexer_topk_paged(backend, q, k_cache, weights, block_table, context_lens, topk)
+    batch, queries, heads, dim = q.shape
+    out = torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
+    span = int(context_lens.max()) if batch else 0
+    if out.numel() == 0 or span == 0:
         return out
-
-    def paged_supported(q, k_cache, weights, block_table, context_lens, topk) -> Verdict:
-        path, reason = route(q)
-        return True if path else reason
-
-    @backend.impl("indexer_topk_paged", dtypes=FLOATS, supports=paged_supported)
-    def indexer_topk_paged(q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor, context_lens: Tensor,
-                           topk: int) -> Tensor:
-        path, _ = route(q)
-        if path == "kernel":
-            keys, scale = kernel_adapters.split_key(k_cache)
-            return backend.kernels.indexer_topk_paged(q, keys, scale, weights, block_table, context_lens, topk,
-                                                      backend.stream(q.device))
-        batch, queries, heads, dim = q.shape
-        out = torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
-        span = int(context_lens.max()) if batch else 0
-        if out.numel() == 0 or span == 0:
-            return out
-        keys = _dequantized(k_cache)
-        block_size = keys.shape[1]
-        flat = keys.reshape(-1, dim)
-        positions = torch.arange(span, device=q.device)
-        step = _row_chunk(queries * heads * span + span * dim)
-        for first in range(0, batch, step):
-            last = min(batch, first + step)
-            lens = context_lens[first:last].long()
-            # the logical keys of each sequence, [b, span, D] (rows past its length are unused)
-            table = block_table[first:last].long()
-            in_use = positions[None, :] < lens[:, None]
-            blocks = table.gather(1, (positions // block_size).clamp(max=table.shape[1] - 1)[None, :]
-                                  .expand(last - first, -1))
-            rows = torch.where(in_use, blocks * block_size + positions % block_size, 0)
-            seq_keys = flat[rows]
-            logits = torch.einsum("bnhd,bsd->bnhs", q[first:last].float(), seq_keys).relu_()
-            logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(2)  # [b, N, span]
-            ends = (lens[:, None] - queries + 1 + torch.arange(queries, device=q.device)[None, :]).clamp(min=0)
-            found = _lightop_topk(backend, logits.reshape(-1, span), torch.zeros_like(ends).reshape(-1),
-                                  ends.reshape(-1), topk)
-            out[first:last] = found.view(last - first, queries, topk)
-        return out
+    keys = _dequantized(k_cache)
+    block_size = keys.shape[1]
+    flat = keys.reshape(-1, dim)
+    positions = torch.arange(span, device=q.device)
+    step = _row_chunk(queries * heads * span + span * dim)
+    for first in range(0, batch, step):
+        last = min(batch, first + step)
+        lens = context_lens[first:last].long()
+        # the logical keys of each sequence, [b, span, D] (rows past its length are unused)
+        table = block_table[first:last].long()
+        in_use = positions[None, :] < lens[:, None]
+        blocks = table.gather(1, (positions // block_size).clamp(max=table.shape[1] - 1)[None, :]
+                              .expand(last - first, -1))
+        rows = torch.where(in_use, blocks * block_size + positions % block_size, 0)
+        seq_keys = flat[rows]
+        logits = torch.einsum("bnhd,bsd->bnhs", q[first:last].float(), seq_keys).relu_()
+        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(2)  # [b, N, span]
+        ends = (lens[:, None] - queries + 1 + torch.arange(queries, device=q.device)[None, :]).clamp(min=0)
+        found = _lightop_topk(backend, logits.reshape(-1, span), torch.zeros_like(ends).reshape(-1),
+                              ends.reshape(-1), topk)
+        out[first:last] = found.view(last - first, queries, topk)
+    return out
 
 
-# -- sparse MLA: the HIP kernel --------------------------------------------------------------------
-def _declare_sparse_mla(backend: "DcuBackend") -> None:
-    def attention_supported(q, kv, indices, sm_scale, d_v) -> Verdict:
-        return kernel_adapters.mla_kernel_declined(backend, q.shape[-1], d_v) or True
-
-    @backend.impl("sparse_mla_attention", dtypes=FLOATS, supports=attention_supported)
-    def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int):
-        return kernel_adapters.sparse_attention_by_kernel(backend, q, kv, indices, sm_scale, d_v)
-
-    def decode_supported(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v) -> Verdict:
-        return kernel_adapters.mla_kernel_declined(backend, q.shape[-1], d_v) or True
-
-    @backend.impl("sparse_mla_decode_paged", dtypes=FLOATS, supports=decode_supported)
-    def sparse_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
-                                indices: Tensor, sm_scale: float, d_v: int):
-        return kernel_adapters.sparse_decode_by_kernel(backend, q, kv_cache, block_table, context_lens, indices,
-                                                       sm_scale, d_v)
+ADAPTERS = (
+    Adapter("rms_norm", rms_norm, dtypes=HALVES, supports=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
+    # sparse MLA: the HIP kernel
+    gpu.SPARSE_MLA_ATTENTION, SPARSE_MLA_DECODE_PAGED,
+    gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
+)

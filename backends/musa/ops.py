@@ -1,13 +1,14 @@
 """Adapters from glm5_hal's canonical ops to what torch_musa, MUSA FlashMLA and the backend's
 own kernels offer.
 
-`declare(backend)` registers one closure per op on a MusaBackend instance; each reaches the
-vendor through `backend.runtime` (MusaRuntime over the real modules, or the emulator in
-tests), so several instances coexist. Inputs arrive validated by glm5_hal.ops; an adapter
-converts layouts and index conventions, calls the vendor function and returns exactly the
-canonical outputs. Each `supports()` checks the vendor's per-call constraints (chip
-generation, dtype, shapes, muDNN version, whether FlashMLA / the kernels exist) and returns a
-reason when the call falls outside them, so dispatch moves on. README.md has the table.
+Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which every
+MusaBackend instance binds to itself; it reaches the vendor through `backend.runtime`
+(MusaRuntime over the real modules, or the emulator in tests), so several instances coexist.
+Inputs arrive validated by glm5_hal.ops; an adapter converts layouts and index conventions,
+calls the vendor function and returns exactly the canonical outputs. Each `supports()`
+checks the vendor's per-call constraints (chip generation, dtype, shapes, muDNN version,
+whether FlashMLA / the kernels exist) and returns a reason when the call falls outside them,
+so dispatch moves on. README.md has the table.
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
-from glm5_hal.backends._cuda_dialect import adapters as kernel_adapters
+from glm5_hal.backends._cuda_dialect import adapters as gpu
+from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED, sparse_mla_decode_declined
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, rope_angles, weight_cast_declined
 
 from . import arch
-from glm5_hal.vendor_backend import Verdict, dtype_name
 
 if TYPE_CHECKING:
     from . import MusaBackend
@@ -39,19 +41,12 @@ OP_LIMITS = {
     "flash_mla_sparse_fwd": f"mp_31 (MTT S5000) only; bfloat16; Dqk {arch.FLASH_MLA_DQK}, d_v {arch.FLASH_MLA_DV}; "
                             f"topk padded to a multiple of {arch.FLASH_MLA_TOPK_MULTIPLE}, heads to a multiple "
                             f"of {arch.FLASH_MLA_HEAD_MULTIPLE}",
-    **kernel_adapters.KERNEL_LIMITS,
+    **gpu.KERNEL_LIMITS,
 }
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-def declare(backend: "MusaBackend") -> None:
-    """Declares every adapter on `backend` (closures over it: one set per instance)."""
-    _declare_torch_musa(backend)
-    _declare_sparse_mla(backend)
-    kernel_adapters.declare_kernel_ops(backend)
 
 
 def _generation_declined(backend: "MusaBackend", feature: str, needed: str, has: Callable) -> str | None:
@@ -63,120 +58,131 @@ def _generation_declined(backend: "MusaBackend", feature: str, needed: str, has:
 
 
 # -- torch_musa ops ----------------------------------------------------------------------------
-def _declare_torch_musa(backend: "MusaBackend") -> None:
-    def rms_norm_supported(x: Tensor, weight: Tensor, eps: float) -> Verdict:
-        if weight.dtype == x.dtype or x.dtype == _F32:
-            return True
-        return (f"the fused torch.rms_norm on musa takes the weight in x's dtype; casting the "
-                f"{dtype_name(weight.dtype)} weight to {dtype_name(x.dtype)} would round it")
+def rms_norm_supported(backend: "MusaBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
+    return weight_cast_declined(x, weight, "the fused torch.rms_norm on musa takes the weight") or True
 
-    @backend.impl("rms_norm", dtypes=FLOATS, supports=rms_norm_supported)
-    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        return backend.runtime.torch.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), float(eps))
 
-    def rope_supported(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Verdict:
-        declined = _generation_declined(backend, "torch.nn.functional.rope", "mp_22 or later (torch_musa tests "
-                                        "it only there)", lambda gen: gen.rope)
-        if declined:
-            return declined
-        if interleaved:
-            mudnn = backend.chip.mudnn_version if backend.chip is not None else None
-            if mudnn is None or mudnn < arch.MIN_MUDNN_FOR_MLA_ROPE:
-                return (f"interleaved rope uses F.rope's multi_latent_attention flag, which needs muDNN >= "
-                        f"{arch.MIN_MUDNN_FOR_MLA_ROPE} (have {mudnn})")
-        return True
+def rms_norm(backend: "MusaBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    return backend.runtime.torch.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), float(eps))
 
-    @backend.impl("apply_rope", dtypes=FLOATS, supports=rope_supported)
-    def apply_rope(x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
-        tokens, heads, rot = x.shape
-        if x.numel() == 0:
-            return torch.empty_like(x)
-        # Raw angles [T, R]: F.rope takes cos/sin of freq_cis itself and rotates half-split
-        # pairs (x[i], x[i + R/2]) with the same angle in both halves.
-        exponents = torch.arange(rot // 2, device=x.device, dtype=_F32) * (-2.0 / rot)
-        angles = positions.to(_F32)[:, None] * torch.pow(float(theta), exponents)[None, :]
-        freq_cis = torch.cat((angles, angles), dim=-1).contiguous()
-        # float32 in and out: the only dtype torch_musa's rope tests cover, and the contract
-        # computes in float32 and rounds once (bf16 cos/sin would miss it near cancellations)
-        sbhd = x.to(_F32).reshape(tokens, 1, heads, rot)
-        # interleaved pairs (x[2i], x[2i+1]): the MLA flag de-interleaves the input first and
-        # returns the rotated halves, which are re-interleaved below
-        out = backend.runtime.torch.nn.functional.rope(sbhd, freq_cis, rotary_interleaved=False,
-                                                       batch_first=False, multi_latent_attention=interleaved)
-        out = out.reshape(tokens, heads, rot)
-        if interleaved:
-            out = torch.stack((out[..., : rot // 2], out[..., rot // 2:]), dim=-1).reshape(tokens, heads, rot)
-        return out.to(x.dtype)
 
-    def grouped_gemm_supported(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
-        if not callable(getattr(backend.runtime.torch, "_grouped_mm", None)):
-            return "torch._grouped_mm is not in this torch (it needs torch_musa built on torch >= 2.8)"
-        if x.dtype == _BF16:
-            return _generation_declined(backend, "bfloat16 torch._grouped_mm", "mp_22 or later",
-                                        lambda gen: gen.bf16) or True
-        return True
+def apply_rope_supported(backend: "MusaBackend", x: Tensor, positions: Tensor, theta: float,
+                         interleaved: bool) -> Verdict:
+    declined = _generation_declined(backend, "torch.nn.functional.rope", "mp_22 or later (torch_musa tests "
+                                    "it only there)", lambda gen: gen.rope)
+    if declined:
+        return declined
+    if interleaved:
+        mudnn = backend.chip.facts["mudnn"] if backend.chip is not None else None
+        if mudnn is None or mudnn < arch.MIN_MUDNN_FOR_MLA_ROPE:
+            return (f"interleaved rope uses F.rope's multi_latent_attention flag, which needs muDNN >= "
+                    f"{arch.MIN_MUDNN_FOR_MLA_ROPE} (have {mudnn})")
+    return True
 
-    @backend.impl("grouped_gemm", dtypes=FLOATS, supports=grouped_gemm_supported)
-    def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
-        return kernel_adapters.grouped_mm(backend.runtime.torch, x, w, tokens_per_expert)
+
+def apply_rope(backend: "MusaBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
+    tokens, heads, rot = x.shape
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    # Raw angles [T, R]: F.rope takes cos/sin of freq_cis itself and rotates half-split
+    # pairs (x[i], x[i + R/2]) with the same angle in both halves.
+    angles = rope_angles(positions, rot, theta)
+    freq_cis = torch.cat((angles, angles), dim=-1).contiguous()
+    # float32 in and out: the only dtype torch_musa's rope tests cover, and the contract
+    # computes in float32 and rounds once (bf16 cos/sin would miss it near cancellations)
+    sbhd = x.to(_F32).reshape(tokens, 1, heads, rot)
+    # interleaved pairs (x[2i], x[2i+1]): the MLA flag de-interleaves the input first and
+    # returns the rotated halves, which are re-interleaved below
+    out = backend.runtime.torch.nn.functional.rope(sbhd, freq_cis, rotary_interleaved=False,
+                                                   batch_first=False, multi_latent_attention=interleaved)
+    out = out.reshape(tokens, heads, rot)
+    if interleaved:
+        out = torch.stack((out[..., : rot // 2], out[..., rot // 2:]), dim=-1).reshape(tokens, heads, rot)
+    return out.to(x.dtype)
+
+
+def grouped_gemm_supported(backend: "MusaBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
+    if not callable(getattr(backend.runtime.torch, "_grouped_mm", None)):
+        return "torch._grouped_mm is not in this torch (it needs torch_musa built on torch >= 2.8)"
+    if x.dtype == _BF16:
+        return _generation_declined(backend, "bfloat16 torch._grouped_mm", "mp_22 or later",
+                                    lambda gen: gen.bf16) or True
+    return True
+
+
+def grouped_gemm(backend: "MusaBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Tensor:
+    return gpu.grouped_mm(backend.runtime.torch, x, w, tokens_per_expert)
 
 
 # -- sparse MLA: MUSA FlashMLA on the S5000, the CUDA-dialect kernel elsewhere -------------------
-def _declare_sparse_mla(backend: "MusaBackend") -> None:
-    def flash_declined(q: Tensor, dqk: int, d_v: int) -> str | None:
-        return (_generation_declined(backend, "FlashMLA sparse attention", "an MTT S5000 (mp_31, capability "
-                                     "major 3)", lambda gen: gen.flash_mla_sparse)
-                or (backend.runtime.flash_mla_missing if backend.runtime.flash_mla is None else None)
-                or (None if q.dtype == _BF16 else f"flash_mla_sparse_fwd takes bfloat16 only, got {dtype_name(q.dtype)}")
-                or (None if (dqk, d_v) == (arch.FLASH_MLA_DQK, arch.FLASH_MLA_DV) else
-                    f"flash_mla_sparse_fwd needs Dqk {arch.FLASH_MLA_DQK} and d_v {arch.FLASH_MLA_DV}, got Dqk "
-                    f"{dqk}, d_v {d_v}"))
+def _flash_declined(backend: "MusaBackend", q: Tensor, d_v: int) -> str | None:
+    dqk = q.shape[-1]
+    return (_generation_declined(backend, "FlashMLA sparse attention", "an MTT S5000 (mp_31, capability "
+                                 "major 3)", lambda gen: gen.flash_mla_sparse)
+            or (backend.runtime.flash_mla_missing if backend.runtime.flash_mla is None else None)
+            or (None if q.dtype == _BF16 else f"flash_mla_sparse_fwd takes bfloat16 only, got {dtype_name(q.dtype)}")
+            or (None if (dqk, d_v) == (arch.FLASH_MLA_DQK, arch.FLASH_MLA_DV) else
+                f"flash_mla_sparse_fwd needs Dqk {arch.FLASH_MLA_DQK} and d_v {arch.FLASH_MLA_DV}, got Dqk "
+                f"{dqk}, d_v {d_v}"))
 
-    def route(q: Tensor, d_v: int) -> tuple[str | None, str]:
-        """('flash' | 'kernel' | None, reason when None)."""
-        dqk = q.shape[-1]
-        flash = flash_declined(q, dqk, d_v)
-        if flash is None:
-            return "flash", ""
-        kernel = kernel_adapters.mla_kernel_declined(backend, dqk, d_v)
-        if kernel is None:
-            return "kernel", ""
-        return None, f"FlashMLA: {flash}; {kernel}"
 
-    def attention_supported(q, kv, indices, sm_scale, d_v) -> Verdict:
-        path, reason = route(q, d_v)
-        return True if path else reason
+def _route(backend: "MusaBackend", q: Tensor, d_v: int, kernel_declined: str | None) -> tuple[str | None, str]:
+    """('flash' | 'kernel' | None, the reason when None)."""
+    flash = _flash_declined(backend, q, d_v)
+    if flash is None:
+        return "flash", ""
+    if kernel_declined is None:
+        return "kernel", ""
+    return None, f"FlashMLA: {flash}; {kernel_declined}"
 
-    @backend.impl("sparse_mla_attention", dtypes=FLOATS, supports=attention_supported)
-    def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int):
-        path, _ = route(q, d_v)
-        if path == "kernel":
-            return kernel_adapters.sparse_attention_by_kernel(backend, q, kv, indices, sm_scale, d_v)
-        if q.shape[0] == 0 or kv.shape[0] == 0:
-            return kernel_adapters.no_valid_rows(q, d_v, (q.shape[0],))
-        valid = (indices >= 0) & (indices < kv.shape[0])
-        return _flash_sparse(backend, q, kv, torch.where(valid, indices, -1).to(_I32), valid, sm_scale)
 
-    def decode_supported(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v) -> Verdict:
-        path, reason = route(q, d_v)
-        return True if path else reason
+def _attention_route(backend: "MusaBackend", q: Tensor, kv: Tensor, d_v: int) -> tuple[str | None, str]:
+    return _route(backend, q, d_v, gpu.sparse_mla_attention_declined(backend, q, kv, d_v))
 
-    @backend.impl("sparse_mla_decode_paged", dtypes=FLOATS, supports=decode_supported)
-    def sparse_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor,
-                                indices: Tensor, sm_scale: float, d_v: int):
-        path, _ = route(q, d_v)
-        if path == "kernel":
-            return kernel_adapters.sparse_decode_by_kernel(backend, q, kv_cache, block_table, context_lens, indices,
-                                                           sm_scale, d_v)
-        batch, queries, heads, dqk = q.shape
-        if q.numel() == 0 or kv_cache.shape[0] == 0:
-            return kernel_adapters.no_valid_rows(q, d_v, (batch, queries))
-        rows, valid = kernel_adapters.paged_to_physical(indices, block_table, context_lens, kv_cache.shape[1])
-        out, lse = _flash_sparse(backend, q.reshape(batch * queries, heads, dqk), kv_cache.reshape(-1, dqk),
-                                 rows.reshape(batch * queries, -1), valid.reshape(batch * queries, -1), sm_scale)
-        return out.reshape(batch, queries, heads, -1), lse.reshape(batch, queries, heads)
+
+def _decode_route(backend: "MusaBackend", q: Tensor, kv_cache: Tensor, d_v: int) -> tuple[str | None, str]:
+    return _route(backend, q, d_v, sparse_mla_decode_declined(backend, q.shape[2], q.shape[3], d_v,
+                                                              kv_cache.shape[0] * kv_cache.shape[1]))
+
+
+def sparse_mla_attention_supported(backend: "MusaBackend", q: Tensor, kv: Tensor, indices: Tensor,
+                                   sm_scale: float, d_v: int) -> Verdict:
+    path, reason = _attention_route(backend, q, kv, d_v)
+    return True if path else reason
+
+
+def sparse_mla_attention(backend: "MusaBackend", q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float,
+                         d_v: int) -> tuple[Tensor, Tensor]:
+    path, _ = _attention_route(backend, q, kv, d_v)
+    if path == "kernel":
+        return gpu.sparse_mla_attention(backend, q, kv, indices, sm_scale, d_v)
+    if q.shape[0] == 0 or kv.shape[0] == 0:
+        return gpu.no_valid_rows(q, d_v, (q.shape[0],))
+    valid = (indices >= 0) & (indices < kv.shape[0])
+    return _flash_sparse(backend, q, kv, torch.where(valid, indices, -1).to(_I32), valid, sm_scale)
+
+
+def sparse_mla_decode_paged_supported(backend: "MusaBackend", q: Tensor, kv_cache: Tensor, block_table: Tensor,
+                                      context_lens: Tensor, indices: Tensor, sm_scale: float, d_v: int) -> Verdict:
+    path, reason = _decode_route(backend, q, kv_cache, d_v)
+    return True if path else reason
+
+
+def sparse_mla_decode_paged(backend: "MusaBackend", q: Tensor, kv_cache: Tensor, block_table: Tensor,
+                            context_lens: Tensor, indices: Tensor, sm_scale: float, d_v: int
+                            ) -> tuple[Tensor, Tensor]:
+    path, _ = _decode_route(backend, q, kv_cache, d_v)
+    if path == "kernel":
+        return SPARSE_MLA_DECODE_PAGED.fn(backend, q, kv_cache, block_table, context_lens, indices, sm_scale, d_v)
+    batch, queries, heads, dqk = q.shape
+    if q.numel() == 0 or kv_cache.shape[0] == 0:
+        return gpu.no_valid_rows(q, d_v, (batch, queries))
+    rows, valid = gpu.paged_to_physical(indices, block_table, context_lens, kv_cache.shape[1])
+    out, lse = _flash_sparse(backend, q.reshape(batch * queries, heads, dqk), kv_cache.reshape(-1, dqk),
+                             rows.reshape(batch * queries, -1), valid.reshape(batch * queries, -1), sm_scale)
+    return out.reshape(batch, queries, heads, -1), lse.reshape(batch, queries, heads)
 
 
 def _flash_sparse(backend: "MusaBackend", q: Tensor, kv_rows: Tensor, rows: Tensor, valid: Tensor,
@@ -201,3 +207,14 @@ def _flash_sparse(backend: "MusaBackend", q: Tensor, kv_rows: Tensor, rows: Tens
     out = out.masked_fill(lonely[:, None, None], 0.0)
     lse = lse.masked_fill(lonely[:, None], float("-inf"))
     return out.contiguous(), lse.contiguous()
+
+
+ADAPTERS = (
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports=sparse_mla_attention_supported),
+    Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=FLOATS,
+            supports=sparse_mla_decode_paged_supported),
+    gpu.SILU_AND_MUL, gpu.KV_CACHE_WRITE, gpu.INDEXER_TOPK, gpu.INDEXER_TOPK_PAGED, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
+)

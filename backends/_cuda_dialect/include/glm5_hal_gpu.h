@@ -1,16 +1,18 @@
 // C ABI of glm5_hal's CUDA-dialect kernels (backends/_cuda_dialect/src/*.cu).
 //
 // One set of sources, three builds: nvcc (CUDA), mcc (Moore Threads MUSA) and hipcc (Hygon
-// DCU / ROCm), each producing a shared library with exactly these symbols:
+// DCU / ROCm), each producing a shared library with exactly these symbols, plus the paged
+// sparse MLA decode entry point every glm5_hal kernel library shares
+// (glm5_hal_kernel_abi.h, in core/glm5_hal/include):
 //   libglm5_hal_cuda_kernels.so   (glm5_hal/backends/_cuda_dialect/)
 //   libglm5_hal_musa_kernels.so   (glm5_hal/backends/musa/)
 //   libglm5_hal_dcu_kernels.so    (glm5_hal/backends/dcu/)
 // Python binds them with ctypes (glm5_hal/backends/_cuda_dialect/__init__.py), so the ABI is
-// plain C: raw device pointers, sizes, dtype codes and the stream to enqueue on, like the
-// shared csrc/ kernels take pointers and sizes. Every tensor is contiguous (the Python side
-// makes it so). Every entry point validates its sizes on the host before launching and
-// returns GLM5_HAL_GPU_OK, GLM5_HAL_GPU_EINVAL (nothing launched), or a positive runtime
-// error code (cudaError_t / musaError_t / hipError_t of the launch).
+// plain C: raw device pointers, sizes, the dtype codes of glm5_hal_kernel_abi.h and the
+// stream to enqueue on. Every tensor is contiguous (the Python side makes it so). Every
+// entry point validates its sizes on the host before launching and returns GLM5_HAL_OK,
+// GLM5_HAL_EINVAL (nothing launched), or a positive runtime error code (cudaError_t /
+// musaError_t / hipError_t of the launch).
 //
 // Indices read from device memory (block tables, sparse indices, slots) are validated in the
 // kernels before any dereference: an out-of-range entry is treated as invalid (skipped),
@@ -19,50 +21,23 @@
 
 #include <stdint.h>
 
+#include "glm5_hal_kernel_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define GLM5_HAL_GPU_ABI_VERSION 1
-
-// dtype codes (shared with _cuda_dialect/__init__.py)
-enum {
-  GLM5_HAL_GPU_F32 = 0,
-  GLM5_HAL_GPU_F16 = 1,
-  GLM5_HAL_GPU_BF16 = 2,
-  GLM5_HAL_GPU_FP8_E4M3 = 3,
-};
-
-enum { GLM5_HAL_GPU_OK = 0, GLM5_HAL_GPU_EINVAL = -22 };
+#define GLM5_HAL_GPU_ABI_VERSION 2
 
 // Limits the host checks enforce (the kernels keep one query row in shared memory and one
 // block-wide reduction buffer per block).
-#define GLM5_HAL_GPU_MLA_MAX_DQK 1024       // q row of the sparse MLA kernel, in floats
+#define GLM5_HAL_GPU_MLA_MAX_DQK 1024       // q row of the sparse MLA decode kernel, in floats
 #define GLM5_HAL_GPU_MLA_MAX_DV 1024        // 128 threads x 8 accumulators
 #define GLM5_HAL_GPU_INDEXER_MAX_QROW 8192  // heads * dim of one indexer query row, in floats
 
 // Which toolchain built this library: "cuda", "musa" or "hip".
 const char* glm5_hal_gpu_target(void);
 int glm5_hal_gpu_abi_version(void);
-
-// Sparse MLA attention (absorbed / MQA mode, one latent KV head) over a paged cache.
-//   q            [batch * queries_per_seq, heads, dqk]   dtype
-//   kv_cache     [num_blocks * block_size, dqk]           dtype
-//   block_table  [batch, max_blocks] int32
-//   context_lens [batch] int32
-//   indices      [batch * queries_per_seq, topk] int32: logical positions; p is valid iff
-//                0 <= p < context_lens[b] and its block id is in [0, num_blocks)
-//   out          [batch * queries_per_seq, heads, d_v]   dtype
-//   lse          [batch * queries_per_seq, heads] float32 (natural log)
-// out = softmax(sm_scale * q . kv[valid]) @ kv[valid, :d_v], computed in float32; a row with
-// no valid index gives out 0 and lse -inf. Duplicate indices count once per occurrence.
-// sparse_mla_attention is the case batch = 1, num_blocks = 1, block_size = S.
-int glm5_hal_gpu_sparse_mla_decode(const void* q, const void* kv_cache, const int32_t* block_table,
-                                   const int32_t* context_lens, const int32_t* indices, void* out,
-                                   float* lse, int64_t batch, int64_t queries_per_seq, int64_t heads,
-                                   int64_t dqk, int64_t d_v, int64_t topk, int64_t num_blocks,
-                                   int64_t block_size, int64_t max_blocks, float sm_scale, int dtype,
-                                   void* stream);
 
 // Lightning-indexer top-k over flat keys.
 //   q        [rows, heads, dim] q_dtype (F32/F16/BF16)

@@ -40,7 +40,7 @@ namespace glm5_hal_gpu {
 // The launch status as the ABI returns it: 0, or the runtime's (positive) error code.
 inline int launch_status() {
   cudaError_t error = cudaGetLastError();
-  return error == cudaSuccess ? GLM5_HAL_GPU_OK : static_cast<int>(error);
+  return error == cudaSuccess ? GLM5_HAL_OK : static_cast<int>(error);
 }
 
 inline cudaStream_t as_stream(void* stream) { return reinterpret_cast<cudaStream_t>(stream); }

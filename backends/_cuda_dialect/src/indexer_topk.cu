@@ -188,19 +188,19 @@ bool dispatch_keys(int k_dtype, int64_t rows_count, int64_t workspace_cols, size
                    cudaStream_t stream, const void* q, const void* keys, const float* key_scale,
                    const float* weights, Range range, Rows rows, float* workspace, int64_t heads, int64_t dim) {
   switch (k_dtype) {
-    case GLM5_HAL_GPU_F32:
+    case GLM5_HAL_F32:
       launch_logits<QElem, F32>(rows_count, workspace_cols, shared_bytes, stream, q, keys, nullptr, weights,
                                 range, rows, workspace, heads, dim);
       return true;
-    case GLM5_HAL_GPU_F16:
+    case GLM5_HAL_F16:
       launch_logits<QElem, F16>(rows_count, workspace_cols, shared_bytes, stream, q, keys, nullptr, weights,
                                 range, rows, workspace, heads, dim);
       return true;
-    case GLM5_HAL_GPU_BF16:
+    case GLM5_HAL_BF16:
       launch_logits<QElem, BF16>(rows_count, workspace_cols, shared_bytes, stream, q, keys, nullptr, weights,
                                  range, rows, workspace, heads, dim);
       return true;
-    case GLM5_HAL_GPU_FP8_E4M3:
+    case GLM5_HAL_FP8_E4M3:
       launch_logits<QElem, Fp8E4M3>(rows_count, workspace_cols, shared_bytes, stream, q, keys, key_scale,
                                     weights, range, rows, workspace, heads, dim);
       return true;
@@ -217,40 +217,40 @@ int run(const void* q, const void* keys, const float* key_scale, const float* we
   if (rows_count < 0 || rows_count > 2147483647 || heads < 1 || dim < 1 || heads > 1024 ||
       heads * dim > GLM5_HAL_GPU_INDEXER_MAX_QROW || topk < 1 || topk > 2147483647 || workspace_cols < 0 ||
       (workspace_cols + kLogitThreads - 1) / kLogitThreads > 65535 || key_rows < 0) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
-  const bool fp8 = k_dtype == GLM5_HAL_GPU_FP8_E4M3;
-  if ((fp8 && key_scale == nullptr) || (!fp8 && k_dtype != q_dtype)) return GLM5_HAL_GPU_EINVAL;
-  if (rows_count == 0) return GLM5_HAL_GPU_OK;
+  const bool fp8 = k_dtype == GLM5_HAL_FP8_E4M3;
+  if ((fp8 && key_scale == nullptr) || (!fp8 && k_dtype != q_dtype)) return GLM5_HAL_EINVAL;
+  if (rows_count == 0) return GLM5_HAL_OK;
   if (q == nullptr || weights == nullptr || out == nullptr || (key_rows > 0 && keys == nullptr) ||
       (workspace_cols > 0 && workspace == nullptr)) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
   const cudaStream_t s = as_stream(stream);
   if (workspace_cols > 0) {
     const size_t shared_bytes = static_cast<size_t>(heads * dim + heads) * sizeof(float);
     bool known = false;
     switch (q_dtype) {
-      case GLM5_HAL_GPU_F32:
+      case GLM5_HAL_F32:
         known = dispatch_keys<F32>(k_dtype, rows_count, workspace_cols, shared_bytes, s, q, keys, key_scale,
                                    weights, range, rows, workspace, heads, dim);
         break;
-      case GLM5_HAL_GPU_F16:
+      case GLM5_HAL_F16:
         known = dispatch_keys<F16>(k_dtype, rows_count, workspace_cols, shared_bytes, s, q, keys, key_scale,
                                    weights, range, rows, workspace, heads, dim);
         break;
-      case GLM5_HAL_GPU_BF16:
+      case GLM5_HAL_BF16:
         known = dispatch_keys<BF16>(k_dtype, rows_count, workspace_cols, shared_bytes, s, q, keys, key_scale,
                                     weights, range, rows, workspace, heads, dim);
         break;
       default:
         break;
     }
-    if (!known) return GLM5_HAL_GPU_EINVAL;
+    if (!known) return GLM5_HAL_EINVAL;
     const int status = launch_status();
-    if (status != GLM5_HAL_GPU_OK) return status;
-  } else if ((q_dtype < GLM5_HAL_GPU_F32 || q_dtype > GLM5_HAL_GPU_BF16)) {
-    return GLM5_HAL_GPU_EINVAL;
+    if (status != GLM5_HAL_OK) return status;
+  } else if ((q_dtype < GLM5_HAL_F32 || q_dtype > GLM5_HAL_BF16)) {
+    return GLM5_HAL_EINVAL;
   }
   indexer_select_kernel<Range><<<static_cast<unsigned>(rows_count), kSelectThreads, 0, s>>>(
       workspace, workspace_cols, range, out, topk);
@@ -266,7 +266,7 @@ extern "C" int glm5_hal_gpu_indexer_topk(const void* q, const void* keys, const 
                                          int64_t heads, int64_t dim, int64_t num_keys, int64_t topk, int q_dtype,
                                          int k_dtype, void* stream) {
   using namespace glm5_hal_gpu;
-  if (rows > 0 && (k_start == nullptr || k_end == nullptr)) return GLM5_HAL_GPU_EINVAL;
+  if (rows > 0 && (k_start == nullptr || k_end == nullptr)) return GLM5_HAL_EINVAL;
   return run(q, keys, key_scale, weights, FlatRange{k_start, k_end}, FlatRows{num_keys}, workspace,
              workspace_cols, out, rows, heads, dim, num_keys, topk, q_dtype, k_dtype, stream);
 }
@@ -280,10 +280,10 @@ extern "C" int glm5_hal_gpu_indexer_topk_paged(const void* q, const void* key_ca
                                                int64_t topk, int q_dtype, int k_dtype, void* stream) {
   using namespace glm5_hal_gpu;
   if (batch < 0 || queries_per_seq < 1 || num_blocks < 0 || block_size < 1 || max_blocks < 0) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
   if (batch > 0 && (context_lens == nullptr || (max_blocks > 0 && block_table == nullptr))) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
   return run(q, key_cache, key_scale, weights, PagedRange{context_lens, queries_per_seq},
              PagedRows{block_table, queries_per_seq, num_blocks, block_size, max_blocks}, workspace,

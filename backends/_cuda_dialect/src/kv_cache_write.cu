@@ -27,10 +27,10 @@ extern "C" int glm5_hal_gpu_kv_cache_write(void* cache, const void* values, cons
                                            int slots_are_int64, int64_t tokens, int64_t row_bytes,
                                            int64_t num_slots, void* stream) {
   using namespace glm5_hal_gpu;
-  if (tokens < 0 || tokens > 2147483647 || row_bytes < 0 || num_slots < 0) return GLM5_HAL_GPU_EINVAL;
-  if (tokens == 0 || row_bytes == 0) return GLM5_HAL_GPU_OK;
+  if (tokens < 0 || tokens > 2147483647 || row_bytes < 0 || num_slots < 0) return GLM5_HAL_EINVAL;
+  if (tokens == 0 || row_bytes == 0) return GLM5_HAL_OK;
   if (values == nullptr || slot_mapping == nullptr || (num_slots > 0 && cache == nullptr)) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
   uint8_t* dst = static_cast<uint8_t*>(cache);
   const uint8_t* src = static_cast<const uint8_t*>(values);

@@ -126,9 +126,9 @@ extern "C" int glm5_hal_gpu_moe_permute_index(const int32_t* ids, int64_t tokens
                                               int32_t* tokens_per_expert, int32_t* src, void* stream) {
   using namespace glm5_hal_gpu;
   if (tokens < 0 || k < 1 || num_experts < 1 || num_experts > 2147483647 || tokens * k > 2147483647) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
-  if (tokens_per_expert == nullptr || (tokens > 0 && (ids == nullptr || src == nullptr))) return GLM5_HAL_GPU_EINVAL;
+  if (tokens_per_expert == nullptr || (tokens > 0 && (ids == nullptr || src == nullptr))) return GLM5_HAL_EINVAL;
   const cudaStream_t s = as_stream(stream);
   const unsigned experts = static_cast<unsigned>(num_experts);
   moe_count_kernel<<<experts, kThreads, 0, s>>>(ids, tokens * k, tokens_per_expert);
@@ -139,9 +139,9 @@ extern "C" int glm5_hal_gpu_moe_permute_index(const int32_t* ids, int64_t tokens
 extern "C" int glm5_hal_gpu_gather_rows(const void* x, const int32_t* src, int64_t rows, int64_t k, int64_t tokens,
                                         int64_t row_bytes, void* out, void* stream) {
   using namespace glm5_hal_gpu;
-  if (rows < 0 || rows > 2147483647 || k < 1 || tokens < 0 || row_bytes < 0) return GLM5_HAL_GPU_EINVAL;
-  if (rows == 0 || row_bytes == 0) return GLM5_HAL_GPU_OK;
-  if (x == nullptr || src == nullptr || out == nullptr) return GLM5_HAL_GPU_EINVAL;
+  if (rows < 0 || rows > 2147483647 || k < 1 || tokens < 0 || row_bytes < 0) return GLM5_HAL_EINVAL;
+  if (rows == 0 || row_bytes == 0) return GLM5_HAL_OK;
+  if (x == nullptr || src == nullptr || out == nullptr) return GLM5_HAL_EINVAL;
   gather_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
       static_cast<const uint8_t*>(x), src, k, tokens, row_bytes, static_cast<uint8_t*>(out));
   return launch_status();
@@ -151,17 +151,17 @@ extern "C" int glm5_hal_gpu_moe_unpermute(const void* y, const int32_t* src, con
                                           void* out, int64_t rows, int64_t tokens, int64_t k, int64_t dim, int dtype,
                                           void* stream) {
   using namespace glm5_hal_gpu;
-  if (rows < 0 || rows > 2147483647 || tokens < 0 || k < 1 || dim < 0) return GLM5_HAL_GPU_EINVAL;
-  if (tokens == 0 || dim == 0) return GLM5_HAL_GPU_OK;
+  if (rows < 0 || rows > 2147483647 || tokens < 0 || k < 1 || dim < 0) return GLM5_HAL_EINVAL;
+  if (tokens == 0 || dim == 0) return GLM5_HAL_OK;
   if (workspace == nullptr || out == nullptr || (rows > 0 && (y == nullptr || src == nullptr || weights == nullptr))) {
-    return GLM5_HAL_GPU_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
   const cudaStream_t s = as_stream(stream);
   switch (dtype) {
-    case GLM5_HAL_GPU_F32: unpermute<F32>(y, src, weights, workspace, out, rows, tokens, k, dim, s); break;
-    case GLM5_HAL_GPU_F16: unpermute<F16>(y, src, weights, workspace, out, rows, tokens, k, dim, s); break;
-    case GLM5_HAL_GPU_BF16: unpermute<BF16>(y, src, weights, workspace, out, rows, tokens, k, dim, s); break;
-    default: return GLM5_HAL_GPU_EINVAL;
+    case GLM5_HAL_F32: unpermute<F32>(y, src, weights, workspace, out, rows, tokens, k, dim, s); break;
+    case GLM5_HAL_F16: unpermute<F16>(y, src, weights, workspace, out, rows, tokens, k, dim, s); break;
+    case GLM5_HAL_BF16: unpermute<BF16>(y, src, weights, workspace, out, rows, tokens, k, dim, s); break;
+    default: return GLM5_HAL_EINVAL;
   }
   return launch_status();
 }

@@ -38,15 +38,15 @@ void launch(const void* x, void* out, int64_t rows, int64_t half, cudaStream_t s
 extern "C" int glm5_hal_gpu_silu_and_mul(const void* x, void* out, int64_t rows, int64_t half, int dtype,
                                          void* stream) {
   using namespace glm5_hal_gpu;
-  if (rows < 0 || half < 0) return GLM5_HAL_GPU_EINVAL;
-  if (rows == 0 || half == 0) return GLM5_HAL_GPU_OK;
-  if (x == nullptr || out == nullptr) return GLM5_HAL_GPU_EINVAL;
+  if (rows < 0 || half < 0) return GLM5_HAL_EINVAL;
+  if (rows == 0 || half == 0) return GLM5_HAL_OK;
+  if (x == nullptr || out == nullptr) return GLM5_HAL_EINVAL;
   const cudaStream_t s = as_stream(stream);
   switch (dtype) {
-    case GLM5_HAL_GPU_F32: launch<F32>(x, out, rows, half, s); break;
-    case GLM5_HAL_GPU_F16: launch<F16>(x, out, rows, half, s); break;
-    case GLM5_HAL_GPU_BF16: launch<BF16>(x, out, rows, half, s); break;
-    default: return GLM5_HAL_GPU_EINVAL;
+    case GLM5_HAL_F32: launch<F32>(x, out, rows, half, s); break;
+    case GLM5_HAL_F16: launch<F16>(x, out, rows, half, s); break;
+    case GLM5_HAL_BF16: launch<BF16>(x, out, rows, half, s); break;
+    default: return GLM5_HAL_EINVAL;
   }
   return launch_status();
 }

@@ -1,4 +1,5 @@
-// Sparse MLA attention (absorbed / MQA mode) over a paged latent cache: the kernel behind
+// Sparse MLA attention (absorbed / MQA mode) over a paged latent cache: the CUDA-dialect
+// implementation of glm5_hal_sparse_mla_decode_paged (glm5_hal_kernel_abi.h), behind
 // sparse_mla_decode_paged and sparse_mla_attention (OPS.md 4.2) on backends whose vendor
 // library has no sparse attention for the call (MUSA before the S5000, any DCU).
 //
@@ -107,56 +108,48 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class Elem>
-void launch(dim3 grid, cudaStream_t stream, const void* q, const void* kv_cache, const int32_t* block_table,
-            const int32_t* context_lens, const int32_t* indices, void* out, float* lse,
-            int64_t queries_per_seq, int64_t heads, int64_t dqk, int64_t d_v, int64_t topk,
-            int64_t num_blocks, int64_t block_size, int64_t max_blocks, float sm_scale) {
+void launch(const glm5_hal_sparse_mla_decode_args& a, cudaStream_t stream) {
   typedef typename Elem::Storage S;
+  const dim3 grid(static_cast<unsigned>(a.batch * a.queries_per_seq), static_cast<unsigned>(a.heads));
   sparse_mla_decode_kernel<Elem><<<grid, kThreads, 0, stream>>>(
-      static_cast<const S*>(q), static_cast<const S*>(kv_cache), block_table, context_lens, indices,
-      static_cast<S*>(out), lse, queries_per_seq, heads, dqk, d_v, topk, num_blocks, block_size, max_blocks,
-      sm_scale);
+      static_cast<const S*>(a.q), static_cast<const S*>(a.kv_cache), a.block_table, a.context_lens, a.indices,
+      static_cast<S*>(a.out), a.lse, a.queries_per_seq, a.heads, a.dqk, a.d_v, a.topk, a.num_blocks,
+      a.block_size, a.max_blocks, a.sm_scale);
 }
 
 }  // namespace
 }  // namespace glm5_hal_gpu
 
-extern "C" int glm5_hal_gpu_sparse_mla_decode(const void* q, const void* kv_cache, const int32_t* block_table,
-                                              const int32_t* context_lens, const int32_t* indices, void* out,
-                                              float* lse, int64_t batch, int64_t queries_per_seq, int64_t heads,
-                                              int64_t dqk, int64_t d_v, int64_t topk, int64_t num_blocks,
-                                              int64_t block_size, int64_t max_blocks, float sm_scale, int dtype,
-                                              void* stream) {
+extern "C" int glm5_hal_sparse_mla_decode_paged(const glm5_hal_sparse_mla_decode_args* args, void* stream) {
   using namespace glm5_hal_gpu;
-  if (batch < 0 || queries_per_seq < 1 || heads < 1 || heads > 65535 || dqk < 1 ||
-      dqk > GLM5_HAL_GPU_MLA_MAX_DQK || d_v < 1 || d_v > dqk || d_v > GLM5_HAL_GPU_MLA_MAX_DV || topk < 1 ||
-      num_blocks < 0 || block_size < 1 || max_blocks < 0 || !(sm_scale > 0.f) || isinf(sm_scale)) {
-    return GLM5_HAL_GPU_EINVAL;
+  if (args == nullptr) return GLM5_HAL_EINVAL;
+  const glm5_hal_sparse_mla_decode_args& a = *args;
+  if (a.batch < 0 || a.queries_per_seq < 1 || a.heads < 1 || a.heads > 65535 || a.dqk < 1 ||
+      a.dqk > GLM5_HAL_GPU_MLA_MAX_DQK || a.d_v < 1 || a.d_v > a.dqk || a.d_v > GLM5_HAL_GPU_MLA_MAX_DV ||
+      a.topk < 1 || a.num_blocks < 0 || a.block_size < 1 || a.max_blocks < 0 || !(a.sm_scale > 0.f) ||
+      isinf(a.sm_scale)) {
+    return GLM5_HAL_EINVAL;
   }
-  const int64_t tokens = batch * queries_per_seq;
-  if (tokens == 0) return GLM5_HAL_GPU_OK;
-  if (tokens > 2147483647 || q == nullptr || out == nullptr || lse == nullptr || indices == nullptr ||
-      context_lens == nullptr || (max_blocks > 0 && block_table == nullptr) ||
-      (num_blocks > 0 && kv_cache == nullptr)) {
-    return GLM5_HAL_GPU_EINVAL;
+  const int64_t tokens = a.batch * a.queries_per_seq;
+  if (tokens == 0) return GLM5_HAL_OK;
+  if (tokens > 2147483647 || a.q == nullptr || a.out == nullptr || a.lse == nullptr || a.indices == nullptr ||
+      a.context_lens == nullptr || (a.max_blocks > 0 && a.block_table == nullptr) ||
+      (a.num_blocks > 0 && a.kv_cache == nullptr)) {
+    return GLM5_HAL_EINVAL;
   }
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
   const cudaStream_t s = as_stream(stream);
-  switch (dtype) {
-    case GLM5_HAL_GPU_F32:
-      launch<F32>(grid, s, q, kv_cache, block_table, context_lens, indices, out, lse, queries_per_seq, heads,
-                  dqk, d_v, topk, num_blocks, block_size, max_blocks, sm_scale);
+  switch (a.dtype) {
+    case GLM5_HAL_F32:
+      launch<F32>(a, s);
       break;
-    case GLM5_HAL_GPU_F16:
-      launch<F16>(grid, s, q, kv_cache, block_table, context_lens, indices, out, lse, queries_per_seq, heads,
-                  dqk, d_v, topk, num_blocks, block_size, max_blocks, sm_scale);
+    case GLM5_HAL_F16:
+      launch<F16>(a, s);
       break;
-    case GLM5_HAL_GPU_BF16:
-      launch<BF16>(grid, s, q, kv_cache, block_table, context_lens, indices, out, lse, queries_per_seq, heads,
-                   dqk, d_v, topk, num_blocks, block_size, max_blocks, sm_scale);
+    case GLM5_HAL_BF16:
+      launch<BF16>(a, s);
       break;
     default:
-      return GLM5_HAL_GPU_EINVAL;
+      return GLM5_HAL_EINVAL;
   }
   return launch_status();
 }

@@ -3,19 +3,18 @@
 // Same convention as the shared csrc/ kernels: raw pointers, sizes, and here the aclrtStream
 // to enqueue on (torch_npu's current stream). Pointers are device (HBM) addresses of
 // contiguous tensors. Every function validates its sizes before launching and returns 0 or
-// an error code (an aclError from the launch, or GLM5_HAL_ASCEND_EINVAL). Python binds these
+// an error code (an aclError from the launch, or GLM5_HAL_EINVAL), with the dtype and status
+// codes every glm5_hal kernel library shares (glm5_hal_kernel_abi.h). Python binds these
 // with ctypes (backends/ascend/kernels.py), so the ABI is plain C.
 #pragma once
 
 #include <stdint.h>
 
+#include "glm5_hal_kernel_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// dtype codes, shared with kernels.py
-enum { GLM5_HAL_ASCEND_F32 = 0, GLM5_HAL_ASCEND_F16 = 1, GLM5_HAL_ASCEND_BF16 = 2 };
-enum { GLM5_HAL_ASCEND_EINVAL = -22 };
 
 // Largest row the kernel keeps in one core's unified buffer: 16 bytes of UB per element
 // (double-buffered input and output plus two float32 work rows) within the 192 KiB UB.

@@ -32,7 +32,7 @@ extern "C" int glm5_hal_ascend_hadamard(const void* x, void* y, int64_t rows, in
                                         int dtype, void* stream) {
   if (rows < 0 || !is_power_of_two(dim) || dim < GLM5_HAL_ASCEND_HADAMARD_MIN_DIM ||
       dim > GLM5_HAL_ASCEND_HADAMARD_MAX_DIM || x == nullptr || y == nullptr) {
-    return GLM5_HAL_ASCEND_EINVAL;
+    return GLM5_HAL_EINVAL;
   }
   if (rows == 0) {
     return 0;
@@ -42,13 +42,13 @@ extern "C" int glm5_hal_ascend_hadamard(const void* x, void* y, int64_t rows, in
   auto* in = const_cast<void*>(x);
   auto s = static_cast<aclrtStream>(stream);
   switch (dtype) {
-    case GLM5_HAL_ASCEND_F32:
+    case GLM5_HAL_F32:
       return static_cast<int>(ACLRT_LAUNCH_KERNEL(glm5_hal_hadamard_f32)(block_dim, s, in, y, rows, dim, scale));
-    case GLM5_HAL_ASCEND_F16:
+    case GLM5_HAL_F16:
       return static_cast<int>(ACLRT_LAUNCH_KERNEL(glm5_hal_hadamard_f16)(block_dim, s, in, y, rows, dim, scale));
-    case GLM5_HAL_ASCEND_BF16:
+    case GLM5_HAL_BF16:
       return static_cast<int>(ACLRT_LAUNCH_KERNEL(glm5_hal_hadamard_bf16)(block_dim, s, in, y, rows, dim, scale));
     default:
-      return GLM5_HAL_ASCEND_EINVAL;
+      return GLM5_HAL_EINVAL;
   }
 }

@@ -2,14 +2,16 @@
 dispatch chooses directly, on the `tiny` bench inputs (small enough that the kernel itself
 is cheap). The overhead is what the HAL adds: metadata checks, the data-dependent value
 checks of ops that have them (unless the chosen kernel validates indices itself), the
-decision lookup. `torch.ops` is the same call through the torch custom op, for comparison."""
+decision lookup. Measured on the default path and pinned (`hal.use(<the chosen backend>)`),
+in interleaved batches with the direct call. `torch.ops` is the same call through the torch
+custom op, for comparison."""
 from __future__ import annotations
 
 import torch
 
 import glm5_hal as hal
 
-from .timing import median_time
+from .timing import paired_times
 
 def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None = None,
             repeats: int = 9, min_time: float = 0.1) -> list[dict]:
@@ -32,11 +34,16 @@ def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None 
             chosen = hal.explain(op_name, *args).chosen
             who, name = chosen.split(".", 1)
             impl = hal.get_backend(who).impls[name].fn
-            direct_s = median_time(lambda: impl(*args), repeats=repeats, min_time=min_time)
-            hal_s = median_time(lambda: public(*args), repeats=repeats, min_time=min_time)
-            torch_ops_s = median_time(lambda: op.torch_op(*flat), repeats=repeats, min_time=min_time)
-        rows.append({"op": op_name, "chosen": chosen, "direct_us": direct_s * 1e6,
-                     "hal_us": hal_s * 1e6, "overhead_us": (hal_s - direct_s) * 1e6,
+
+            with hal.use(who):   # the same backend pinned: the key carries the pin
+                direct_s, pinned_s = paired_times([lambda: impl(*args), lambda: public(*args)],
+                                                  repeats=repeats, min_time=min_time)
+            direct2_s, hal_s, torch_ops_s = paired_times(
+                [lambda: impl(*args), lambda: public(*args), lambda: op.torch_op(*flat)],
+                repeats=repeats, min_time=min_time)
+        rows.append({"op": op_name, "chosen": chosen, "direct_us": direct2_s * 1e6,
+                     "hal_us": hal_s * 1e6, "overhead_us": (hal_s - direct2_s) * 1e6,
+                     "pinned_overhead_us": (pinned_s - direct_s) * 1e6,
                      "torch_ops_us": torch_ops_s * 1e6})
     return rows
 
@@ -51,8 +58,8 @@ class _no_pin:
 
 def format_rows(rows: list[dict]) -> str:
     lines = [f"{'op':<24} {'implementation':<32} {'direct us':>10} {'hal.ops us':>11} "
-             f"{'overhead us':>12} {'torch.ops us':>13}"]
+             f"{'overhead us':>12} {'pinned us':>10} {'torch.ops us':>13}"]
     for r in rows:
         lines.append(f"{r['op']:<24} {r['chosen']:<32} {r['direct_us']:>10.2f} {r['hal_us']:>11.2f} "
-                     f"{r['overhead_us']:>12.2f} {r['torch_ops_us']:>13.2f}")
+                     f"{r['overhead_us']:>12.2f} {r['pinned_overhead_us']:>10.2f} {r['torch_ops_us']:>13.2f}")
     return "\n".join(lines)

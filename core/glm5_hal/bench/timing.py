@@ -29,3 +29,27 @@ def median_time(fn: Callable[[], object], *, min_time: float = 0.2, repeats: int
             sync()
         samples.append((time.perf_counter() - t0) / per_batch)
     return statistics.median(samples)
+
+
+def paired_times(fns: list[Callable[[], object]], *, min_time: float = 0.2, repeats: int = 9,
+                 warmup: int = 3) -> list[float]:
+    """Seconds per call of each of `fns`, measured in interleaved batches (one batch of each
+    per round, so load that comes and goes hits them alike): for each function, the median
+    over the rounds. Differences of the results are what a comparison should use."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    singles = []
+    for fn in fns:
+        t0 = time.perf_counter()
+        fn()
+        singles.append(max(time.perf_counter() - t0, 1e-7))
+    per_batch = max(1, int(min_time / repeats / len(fns) / max(singles)))
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, samples):
+            t0 = time.perf_counter()
+            for _ in range(per_batch):
+                fn()
+            out.append((time.perf_counter() - t0) / per_batch)
+    return [statistics.median(s) for s in samples]

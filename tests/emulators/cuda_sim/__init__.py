@@ -29,6 +29,7 @@ def simify(source: str) -> str:
 
 def build(kernel_dir: Path, out_dir: Path, compiler: str | None = None) -> Path:
     """Compiles every kernel_dir/src/*.cu for the simulator into out_dir; returns the library."""
+    from glm5_hal.kernel_library import INCLUDE_DIR
     compiler = compiler or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise FileNotFoundError("no host C++ compiler (g++ / c++) to build the simulated kernels")
@@ -43,6 +44,7 @@ def build(kernel_dir: Path, out_dir: Path, compiler: str | None = None) -> Path:
     library = out_dir / LIBRARY_NAME
     subprocess.run([compiler, "-std=c++17", "-O1", "-pthread", "-shared", "-fPIC", "-DGLM5_HAL_GPU_SIM",
                     "-Wall", "-Wextra", "-Wno-unused-parameter",
-                    "-I", str(kernel_dir / "include"), "-I", str(kernel_dir / "src"), "-I", str(HERE),
+                    "-I", str(kernel_dir / "include"), "-I", str(INCLUDE_DIR), "-I", str(kernel_dir / "src"),
+                    "-I", str(HERE),
                     "-o", str(library), *sources], check=True, capture_output=True, text=True, timeout=300)
     return library
