@@ -68,13 +68,13 @@ GLM5_TAMX inline void prefetch_rows_ahead(const void* step, int64_t stride_bytes
 GLM5_TAMX void begin() { _tile_loadconfig(&tile_config()); }
 GLM5_TAMX void end() { _tile_release(); }
 
-// C block (32 x 32 float32, row stride ldc) from or into the four C tiles.
-GLM5_TAMX inline void load_c(const float* c, int64_t ldc) {
-  const int64_t stride = ldc * static_cast<int64_t>(sizeof(float));
-  _tile_loadd(0, c, stride);
-  _tile_loadd(1, c + 16, stride);
-  _tile_loadd(2, c + 16 * ldc, stride);
-  _tile_loadd(3, c + 16 * ldc + 16, stride);
+// The 32 x 32 C block (4-byte elements, row stride ldc_bytes) from or into the four C tiles.
+GLM5_TAMX inline void load_c(const void* c, int64_t ldc_bytes) {
+  const char* p = static_cast<const char*>(c);
+  _tile_loadd(0, p, ldc_bytes);
+  _tile_loadd(1, p + 64, ldc_bytes);
+  _tile_loadd(2, p + 16 * ldc_bytes, ldc_bytes);
+  _tile_loadd(3, p + 16 * ldc_bytes + 64, ldc_bytes);
 }
 
 GLM5_TAMX inline void store_c(void* c, int64_t ldc_bytes) {
@@ -94,7 +94,7 @@ GLM5_TAMX void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int
   for (int64_t k0 = 0, blk = 0; k0 < kc; k0 += step, ++blk) {
     const bool first = k0 == 0 && !accumulate;
     if (!scales && !first) {
-      load_c(c, ldc);
+      load_c(c, ldc * static_cast<int64_t>(sizeof(float)));
     } else {
       _tile_zero(0);
       _tile_zero(1);
@@ -141,10 +141,7 @@ GLM5_TAMX void int8_tile(const int8_t* a, int64_t lda, const int8_t* b, int64_t 
   const int64_t c_stride = ldc * static_cast<int64_t>(sizeof(int32_t));
   const int64_t b_stride = 4 * kNr;   // one K quad of 32 columns
   if (accumulate) {
-    _tile_loadd(0, c, c_stride);
-    _tile_loadd(1, c + 16, c_stride);
-    _tile_loadd(2, c + 16 * ldc, c_stride);
-    _tile_loadd(3, c + 16 * ldc + 16, c_stride);
+    load_c(c, c_stride);
   } else {
     _tile_zero(0);
     _tile_zero(1);

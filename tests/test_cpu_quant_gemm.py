@@ -5,8 +5,6 @@ int8_quant bit for bit, the native count validation, thread-count independence, 
 hypothesis-drawn shapes through the Python wrappers."""
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -14,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import glm5_hal as hal
 from glm5_hal import InvalidInputError, _C
 
-from cpu_helpers import FLOATS, chosen, cpu_impl, gen, tier  # noqa: F401
+from cpu_helpers import FLOATS, chosen, cpu_impl, gen, isa_limit, tier  # noqa: F401
 
 FP8, I8, I32 = torch.float8_e4m3fn, torch.int8, torch.int32
 OUTS = (torch.bfloat16, torch.float16, torch.float32)
@@ -40,13 +38,8 @@ def _distinct_tiers() -> list[int]:
 GEMM_TIERS = _distinct_tiers()
 
 
-@contextlib.contextmanager
 def gemm_isa_limit(level: int):
-    previous = _C.qgemm_set_isa_limit(level)
-    try:
-        yield
-    finally:
-        _C.qgemm_set_isa_limit(previous)
+    return isa_limit(level, _C.qgemm_set_isa_limit)
 
 
 @pytest.fixture(params=GEMM_TIERS, ids=lambda t: TIER_NAMES[t])

@@ -127,24 +127,24 @@ def _gemm_bytes(m: int, n: int, k: int, experts: int = 1, element: float = 1.0) 
     return element * (experts * n * k + m * k) + 2 * m * n
 
 
+def _dense_cases(s: Shapes, make_operands, label: str, compute: str, baseline) -> list[BenchCase]:
+    """The prefill and decode cases of a dense GEMM; make_operands(g, m, n, k) -> its args."""
+    cases = []
+    for phase, (m, n, k) in ((p, _gemm_shapes(s)[p]) for p in ("prefill", "decode")):
+        cases.append(BenchCase(f"{phase} [{m}, {k}] x [{n}, {k}] {label}",
+                               lambda m=m, n=n, k=k, phase=phase: make_operands(seeded(f"{label}-{phase}"), m, n, k),
+                               flops=2 * m * n * k, nbytes=_gemm_bytes(m, n, k), compute=compute,
+                               baselines=(baseline,), rotate=_copies(s, n * k) if phase == "decode" else 1))
+    return cases
+
+
 @bench_case("fp8_block_gemm")
 def fp8_block_gemm(s: Shapes) -> list[BenchCase]:
-    shapes = _gemm_shapes(s)
-    cases = []
-    for phase in ("prefill", "decode"):
-        m, n, k = shapes[phase]
-
-        def make(m=m, n=n, k=k, phase=phase):
-            g = seeded(f"fp8gemm-{phase}")
-            a, a_scale = fp8_block_quant_of(randn(g, (m, k)))
-            w, w_scale = _fp8_weights(g, 1, n, k)
-            return a, a_scale, w[0], w_scale[0], BF16
-
-        cases.append(BenchCase(f"{phase} [{m}, {k}] x [{n}, {k}] fp8", make, flops=2 * m * n * k,
-                               nbytes=_gemm_bytes(m, n, k), compute="bf16",
-                               baselines=(("torch: dequant + bf16 mm", _fp8_torch_path),),
-                               rotate=_copies(s, n * k) if phase == "decode" else 1))
-    return cases
+    def make(g, m, n, k):
+        a, a_scale = fp8_block_quant_of(randn(g, (m, k)))
+        w, w_scale = _fp8_weights(g, 1, n, k)
+        return a, a_scale, w[0], w_scale[0], BF16
+    return _dense_cases(s, make, "fp8", "bf16", ("torch: dequant + bf16 mm", _fp8_torch_path))
 
 
 def fp8_block_quant_of(x: torch.Tensor):
@@ -152,24 +152,29 @@ def fp8_block_quant_of(x: torch.Tensor):
     return reference.fp8_block_quant(x, 128)
 
 
-@bench_case("fp8_grouped_gemm")
-def fp8_grouped_gemm(s: Shapes) -> list[BenchCase]:
+def _grouped_cases(s: Shapes, make_operands, label: str, compute: str, baselines=()) -> list[BenchCase]:
+    """The prefill and decode cases of a grouped GEMM over the rank's experts' w13;
+    make_operands(g, rows, experts, n, k) -> its args."""
     (n, k), experts = _gemm_shapes(s)["expert"], s.local_experts
     cases = []
     for phase, rows in (("prefill", _prefill_rows(s)), ("decode", 2 * experts)):
-        def make(rows=rows, phase=phase):
-            g = seeded(f"fp8grouped-{phase}")
-            counts = _routed_counts(g, rows, experts)
-            a, a_scale = fp8_block_quant_of(randn(g, (rows, k)))
-            w, w_scale = _fp8_weights(g, experts, n, k)
-            return a, a_scale, w, w_scale, counts, BF16
-
-        cases.append(BenchCase(f"{phase} {experts} experts, [{rows}, {k}] x [{n}, {k}] fp8", make,
-                               flops=2 * rows * n * k, nbytes=_gemm_bytes(rows, n, k, experts), compute="bf16",
-                               compile_reference=False,
-                               baselines=(("torch: dequant + bf16 mm", _fp8_grouped_torch_path),),
+        cases.append(BenchCase(f"{phase} {experts} experts, [{rows}, {k}] x [{n}, {k}] {label}",
+                               lambda rows=rows, phase=phase: make_operands(seeded(f"{label}g-{phase}"), rows,
+                                                                            experts, n, k),
+                               flops=2 * rows * n * k, nbytes=_gemm_bytes(rows, n, k, experts), compute=compute,
+                               compile_reference=False, baselines=baselines,
                                rotate=_copies(s, experts * n * k) if phase == "decode" else 1))
     return cases
+
+
+@bench_case("fp8_grouped_gemm")
+def fp8_grouped_gemm(s: Shapes) -> list[BenchCase]:
+    def make(g, rows, experts, n, k):
+        counts = _routed_counts(g, rows, experts)
+        a, a_scale = fp8_block_quant_of(randn(g, (rows, k)))
+        w, w_scale = _fp8_weights(g, experts, n, k)
+        return a, a_scale, w, w_scale, counts, BF16
+    return _grouped_cases(s, make, "fp8", "bf16", (("torch: dequant + bf16 mm", _fp8_grouped_torch_path),))
 
 
 def _prefill_rows(s: Shapes) -> int:
@@ -186,40 +191,20 @@ def int8_quant(s: Shapes) -> BenchCase:
 
 @bench_case("int8_gemm")
 def int8_gemm(s: Shapes) -> list[BenchCase]:
-    shapes = _gemm_shapes(s)
-    cases = []
-    for phase in ("prefill", "decode"):
-        m, n, k = shapes[phase]
-
-        def make(m=m, n=n, k=k, phase=phase):
-            from ... import reference
-            g = seeded(f"int8gemm-{phase}")
-            x, x_scale = reference.int8_quant(randn(g, (m, k), F32))
-            w, w_scale = _int8_weights(g, 1, n, k)
-            return x, x_scale, w[0], w_scale[0], BF16, None
-
-        cases.append(BenchCase(f"{phase} [{m}, {k}] x [{n}, {k}] int8", make, flops=2 * m * n * k,
-                               nbytes=_gemm_bytes(m, n, k), compute="int8",
-                               baselines=(("torch: _int_mm + scaling", _int8_torch_path),),
-                               rotate=_copies(s, n * k) if phase == "decode" else 1))
-    return cases
+    def make(g, m, n, k):
+        from ... import reference
+        x, x_scale = reference.int8_quant(randn(g, (m, k), F32))
+        w, w_scale = _int8_weights(g, 1, n, k)
+        return x, x_scale, w[0], w_scale[0], BF16, None
+    return _dense_cases(s, make, "int8", "int8", ("torch: _int_mm + scaling", _int8_torch_path))
 
 
 @bench_case("int8_grouped_gemm")
 def int8_grouped_gemm(s: Shapes) -> list[BenchCase]:
-    (n, k), experts = _gemm_shapes(s)["expert"], s.local_experts
-    cases = []
-    for phase, rows in (("prefill", _prefill_rows(s)), ("decode", 2 * experts)):
-        def make(rows=rows, phase=phase):
-            from ... import reference
-            g = seeded(f"int8grouped-{phase}")
-            counts = _routed_counts(g, rows, experts)
-            x, x_scale = reference.int8_quant(randn(g, (rows, k), F32))
-            w, w_scale = _int8_weights(g, experts, n, k)
-            return x, x_scale, w, w_scale, counts, BF16
-
-        cases.append(BenchCase(f"{phase} {experts} experts, [{rows}, {k}] x [{n}, {k}] int8", make,
-                               flops=2 * rows * n * k, nbytes=_gemm_bytes(rows, n, k, experts), compute="int8",
-                               compile_reference=False,
-                               rotate=_copies(s, experts * n * k) if phase == "decode" else 1))
-    return cases
+    def make(g, rows, experts, n, k):
+        from ... import reference
+        counts = _routed_counts(g, rows, experts)
+        x, x_scale = reference.int8_quant(randn(g, (rows, k), F32))
+        w, w_scale = _int8_weights(g, experts, n, k)
+        return x, x_scale, w, w_scale, counts, BF16
+    return _grouped_cases(s, make, "int8", "int8")
