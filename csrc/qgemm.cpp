@@ -214,7 +214,7 @@ void run_packed(const Call& c, const std::vector<int64_t>& experts, int nt) {
   std::vector<std::pair<int64_t, int64_t>> copies;  // (source row, scratch row)
   for (int64_t e : experts)
     for (int64_t r = 0; r < p.counts[e]; ++r) copies.emplace_back(c.src_row[e] + r, pad_row[e] + r);
-  const int64_t ncopies = static_cast<int64_t>(copies.size());
+  const int64_t ncopies = c.k > 0 ? static_cast<int64_t>(copies.size()) : 0;   // K = 0: nothing to copy
   const int64_t es = dtype_bytes(p.a.dtype);
   const char* abase = static_cast<const char*>(p.a.data);
 #pragma omp parallel for num_threads(threads_for(ncopies * c.k, nt)) schedule(static)
@@ -355,10 +355,11 @@ void run_streamed(const Call& c, const std::vector<int64_t>& experts, int nt) {
     for (int64_t t = 0; t < tiles; t += group) tasks.emplace_back(i, t * c.mr);
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
   const int64_t wes = dtype_bytes(p.w.dtype);
+  const int64_t lda = c.kp + (c.int8 ? 64 : 32);   // scratch row stride off 4 KiB multiples
 
 #pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(nt, ntasks)))
   {
-    std::vector<uint16_t> wf;   // converted weight rows [mr][kc]
+    std::vector<uint16_t> wf;   // converted weight rows [mr][kp]
     std::vector<int8_t> wi;
     std::vector<float> rs, cf, tmp;  // FP8 row scales [mr][kb]; C^T [mr][ldc]
     std::vector<int32_t> ci;
@@ -373,37 +374,40 @@ void run_streamed(const Call& c, const std::vector<int64_t>& experts, int nt) {
         const int64_t rows = std::min<int64_t>(c.mr, c.n - n0);
         if (c.int8) ci.assign(static_cast<size_t>(c.mr * ldc), 0);
         else cf.assign(static_cast<size_t>(c.mr * ldc), 0.0f);
-        if (c.fp8) {
+        if (c.fp8 && c.kb > 0) {
           rs.assign(static_cast<size_t>(c.mr * c.kb), 0.0f);
           for (int64_t r = 0; r < rows; ++r)
             std::memcpy(&rs[r * c.kb], p.w.scale + (e * c.nb + (n0 + r) / kScaleBlock) * c.kb,
                         sizeof(float) * static_cast<size_t>(c.kb));
         }
+        // The tile's weight rows, copied (converted) whole into a zero-padded scratch: each row
+        // is read once from start to end, which the hardware prefetches; tiles (or K blocks of
+        // a row at a time) striding over mr rows defeat it.
+        // zero once per thread (the K padding is never written); rows past N are zeroed again
+        if (c.int8 && wi.empty()) wi.assign(static_cast<size_t>(c.mr * lda), 0);
+        if (!c.int8 && wf.empty()) wf.assign(static_cast<size_t>(c.mr * lda), 0);
+        if (rows < c.mr) {
+          if (c.int8) std::fill(wi.begin() + rows * lda, wi.end(), int8_t{0});
+          else std::fill(wf.begin() + rows * lda, wf.end(), uint16_t{0});
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const char* src = we + (n0 + r) * p.w.row_stride * wes;
+          if (c.fp8) {
+            c.ft.fp8_to_bf16(reinterpret_cast<const uint8_t*>(src), c.k, &wf[r * lda]);
+          } else if (c.int8 && c.biased) {   // x + 128 as an unsigned byte
+            for (int64_t j = 0; j < c.k; ++j) wi[r * lda + j] = static_cast<int8_t>(static_cast<uint8_t>(src[j]) ^ 0x80u);
+          } else if (c.k > 0) {
+            std::memcpy(c.int8 ? static_cast<void*>(&wi[r * lda]) : static_cast<void*>(&wf[r * lda]), src,
+                        static_cast<size_t>(c.k * wes));
+          }
+        }
+        const char* a = c.int8 ? reinterpret_cast<const char*>(wi.data()) : reinterpret_cast<const char*>(wf.data());
         for (int64_t k0 = 0; k0 < c.kp; k0 += c.kc_max) {
           const int64_t kc = std::min(c.kc_max, c.kp - k0);
-          // the tile's weight rows, copied (converted) into a zero-padded scratch: the copy reads
-          // each row sequentially, which the hardware prefetches far better than tile loads
-          // striding over mr rows
-          const int64_t len = std::max<int64_t>(0, std::min(kc, c.k - k0));
-          if (c.int8) wi.assign(static_cast<size_t>(c.mr * kc), 0);
-          else wf.assign(static_cast<size_t>(c.mr * kc), 0);
-          for (int64_t r = 0; r < rows; ++r) {
-            const char* src = we + ((n0 + r) * p.w.row_stride + k0) * wes;
-            if (c.fp8) {
-              c.ft.fp8_to_bf16(reinterpret_cast<const uint8_t*>(src), len, &wf[r * kc]);
-            } else if (c.int8) {
-              const uint8_t flip = c.biased ? 0x80u : 0u;   // x + 128 as an unsigned byte
-              for (int64_t j = 0; j < len; ++j) wi[r * kc + j] = static_cast<int8_t>(static_cast<uint8_t>(src[j]) ^ flip);
-            } else {
-              std::memcpy(&wf[r * kc], src, sizeof(uint16_t) * static_cast<size_t>(len));
-            }
-          }
-          const char* a = c.int8 ? reinterpret_cast<const char*>(wi.data()) : reinterpret_cast<const char*>(wf.data());
-          const int64_t lda = kc;
           for (int64_t q = 0; q < panels; ++q) {
             const int64_t panel = panel0[i] + q;
             if (c.int8) {
-              c.it.tile(reinterpret_cast<const int8_t*>(a), lda, ai.data() + panel * c.kp * kNr + k0 * kNr, kc,
+              c.it.tile(reinterpret_cast<const int8_t*>(a) + k0, lda, ai.data() + panel * c.kp * kNr + k0 * kNr, kc,
                         ci.data() + q * kNr, ldc, k0 > 0);
               continue;
             }
@@ -411,7 +415,7 @@ void run_streamed(const Call& c, const std::vector<int64_t>& experts, int nt) {
             if (c.fp8)  // w_scale per weight row, a_scale per activation row (a column of C^T)
               scales = {rs.data() + k0 / kScaleBlock, c.kb,
                         a_scale_t.data() + (panel * c.kb + k0 / kScaleBlock) * kNr, kNr, 1};
-            c.ft.tile(reinterpret_cast<const uint16_t*>(a), lda, af.data() + panel * c.kp * kNr + k0 * kNr, kc,
+            c.ft.tile(reinterpret_cast<const uint16_t*>(a) + k0, lda, af.data() + panel * c.kp * kNr + k0 * kNr, kc,
                       cf.data() + q * kNr, ldc, k0 > 0, c.fp8 ? &scales : nullptr);
           }
         }
