@@ -1,14 +1,19 @@
-// Drivers of the quantized and grouped GEMMs (qgemm.h): validation, the padded copies of the
-// activations, weight packing, the loop over (expert, column block) tasks and the epilogue.
-// The tile kernels (qgemm_kernels*.cpp) compute mr x 32 blocks of float32 / int32 sums.
+// Drivers of the quantized and grouped GEMMs (qgemm.h): validation, operand layouts, the
+// loops over tasks and the epilogues. The tile kernels (qgemm_kernels*.cpp) compute mr x 32
+// blocks of float32 / int32 sums from mr rows of a row operand and one packed 32-column panel.
 //
-// Loop structure (per task: one expert's rows times one block of nc output columns):
-//   for each K block of kc: pack the nc weight rows into 32-column panels (L2-sized block),
-//     then for each row tile of the expert, for each panel: tile kernel into the task's C buffer;
-//   then the epilogue rounds (int8: scales, bias) the C buffer into the output.
-// The activations are copied once per call into a zero-padded row-major scratch (bfloat16 for
-// the float path, FP8 converted exactly; int8, or int8 + 128 for unsigned-by-signed tiers), so
-// that every tile reads whole row tiles and whole K steps in bounds.
+// Each expert takes one of two forms (every element is computed the same way in both, so the
+// result does not depend on the form, the thread count or the task split):
+// - packed weights (experts with many rows): the activations are copied into a zero-padded
+//   row-major scratch (the tiles' rows); per task (expert, block of nc output columns) the
+//   weight rows are packed into panels once, then row tiles x panels x K blocks run with the C
+//   block of 256 rows kept in L2;
+// - streamed weights (experts with at most 64 rows: decode, small MoE groups): C^T = W A^T, the
+//   activations packed into panels once, each weight row copied (converted) once into the
+//   tiles' row scratch; no weight packing.
+// Row operands are zero-padded to whole row tiles and K steps, so every tile reads in bounds.
+// The epilogue rounds the C buffer into the output dtype (int8: removes the unsigned bias,
+// then scales and adds the bias).
 #include "qgemm.h"
 
 #include <algorithm>

@@ -178,6 +178,16 @@ def test_native_count_validation_writes_nothing():
                                       torch.tensor([1, 2, 2], dtype=I32), torch.float32)
 
 
+def test_streamed_and_packed_forms_agree_bit_for_bit(gemm_tier):
+    """64 rows stream the weights, 65 pack them (csrc/qgemm.cpp): the first 64 rows agree."""
+    a, a_scale, w, w_scale = fp8_operands(gen("forms"), 65, 100, 384)
+    fp8 = hal.ops.fp8_block_gemm(a, a_scale, w, w_scale, torch.float32)
+    assert torch.equal(hal.ops.fp8_block_gemm(a[:64], a_scale[:64], w, w_scale, torch.float32), fp8[:64])
+    x, wb = torch.randn(65, 300, generator=gen("forms-b")).bfloat16(), torch.randn(1, 70, 300).bfloat16()
+    bf = hal.ops.grouped_gemm(x, wb, torch.tensor([65], dtype=I32))
+    assert torch.equal(hal.ops.grouped_gemm(x[:64], wb, torch.tensor([64], dtype=I32)), bf[:64])
+
+
 def test_results_do_not_depend_on_the_thread_count():
     a, a_scale, w, w_scale = fp8_operands(gen("threads"), 70, 300, 384)
     x = torch.randint(-128, 128, (70, 300), generator=gen("threads-x"), dtype=I8)
