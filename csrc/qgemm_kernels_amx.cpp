@@ -89,12 +89,18 @@ GLM5_TAMX void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int
                           bool accumulate, const BlockScales* scales) {
   const int64_t a_stride = lda * static_cast<int64_t>(sizeof(uint16_t));
   const int64_t b_stride = 2 * kNr * static_cast<int64_t>(sizeof(uint16_t));  // one K pair of 32 columns
+  const int64_t c_stride = ldc * static_cast<int64_t>(sizeof(float));
   const int64_t step = scales ? kScaleBlock : kc;
-  alignas(64) float block[kMr * kNr];
+  // FP8: the scaled total of this call's blocks stays in L1 (total), C is read and written once
+  alignas(64) float block[kMr * kNr], total[kMr * kNr];
+  if (scales) {
+    for (int r = 0; r < kMr; ++r)
+      for (int v = 0; v < 2; ++v)
+        _mm512_store_ps(total + r * kNr + 16 * v, accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps());
+  }
   for (int64_t k0 = 0, blk = 0; k0 < kc; k0 += step, ++blk) {
-    const bool first = k0 == 0 && !accumulate;
-    if (!scales && !first) {
-      load_c(c, ldc * static_cast<int64_t>(sizeof(float)));
+    if (!scales && accumulate) {
+      load_c(c, c_stride);
     } else {
       _tile_zero(0);
       _tile_zero(1);
@@ -117,7 +123,7 @@ GLM5_TAMX void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int
       _tile_dpbf16ps(3, 5, 7);
     }
     if (!scales) {
-      store_c(c, ldc * static_cast<int64_t>(sizeof(float)));
+      store_c(c, c_stride);
       continue;
     }
     store_c(block, kNr * static_cast<int64_t>(sizeof(float)));
@@ -126,14 +132,16 @@ GLM5_TAMX void float_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int
     for (int v = 0; v < 2; ++v) col[v] = scales->col_stride ? _mm512_loadu_ps(cs + 16 * v) : _mm512_set1_ps(cs[0]);
     for (int r = 0; r < kMr; ++r) {
       const __m512 rs = _mm512_set1_ps(scales->row[r * scales->row_stride + blk]);
-      float* cr = c + r * ldc;
       for (int v = 0; v < 2; ++v) {
-        const __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(cr + 16 * v);
-        _mm512_storeu_ps(cr + 16 * v,
-                         _mm512_fmadd_ps(_mm512_load_ps(block + r * kNr + 16 * v), _mm512_mul_ps(rs, col[v]), prev));
+        float* t = total + r * kNr + 16 * v;
+        _mm512_store_ps(t, _mm512_fmadd_ps(_mm512_load_ps(block + r * kNr + 16 * v), _mm512_mul_ps(rs, col[v]),
+                                           _mm512_load_ps(t)));
       }
     }
   }
+  if (scales)
+    for (int r = 0; r < kMr; ++r)
+      for (int v = 0; v < 2; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, _mm512_load_ps(total + r * kNr + 16 * v));
 }
 
 GLM5_TAMX void int8_tile(const int8_t* a, int64_t lda, const int8_t* b, int64_t kc, int32_t* c, int64_t ldc,
