@@ -9,30 +9,44 @@ namespace glm5 {
 
 namespace {
 
-void check_rows(const char* op, int64_t rows, int64_t dim, int64_t xs, int64_t os, int64_t out_width) {
-  require(rows >= 0, op, "x", "rows >= 0", str(rows));
-  require(dim >= 1, op, "x", "a last dim >= 1", str(dim));
-  require(xs >= 0, op, "x", "a row stride >= 0", str(xs));
-  require(rows <= 1 || os >= out_width, op, "out", "a row stride >= the row width " + str(out_width), str(os));
+// x and out as rows of equal count; out `out_width` wide with x's dtype, its rows apart by
+// at least their width (rows of an input may overlap: a row stride of 0 reads an expanded
+// tensor).
+struct RowPair {
+  Rows x, out;
+};
+
+RowPair row_pair(const char* op, const View& out, const View& x, int64_t out_width) {
+  const Rows xr = rows_of(x, op, "x");
+  const Rows orow = rows_of(out, op, "out");
+  GLM5_REQUIRE(xr.cols >= 1, op, "x", "a last dim >= 1", str(xr.cols));
+  GLM5_REQUIRE(xr.row_stride >= 0, op, "x", "a row stride >= 0", str(xr.row_stride));
+  GLM5_REQUIRE(orow.rows == xr.rows && orow.cols == out_width, op, "out",
+               str(xr.rows) + " rows of " + str(out_width), shape_str(out));
+  GLM5_REQUIRE(orow.rows <= 1 || orow.row_stride >= out_width, op, "out",
+               "a row stride >= the row width " + str(out_width), str(orow.row_stride));
+  require_dtype_of(out, x, op, "out", "x");
+  return {xr, orow};
 }
 
 }  // namespace
 
-void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_t dim,
-              int64_t x_row_stride, int64_t out_row_stride, float eps, DType x_dtype,
-              DType weight_dtype, int num_threads) {
+void rms_norm(const View& out, const RowsIn& x, const DenseIn& weight, float eps, int num_threads) {
   const char* op = "rms_norm";
-  check_rows(op, rows, dim, x_row_stride, out_row_stride, dim);
-  require_float(x_dtype, op, "x");
-  require_float(weight_dtype, op, "weight");
-  require(eps >= 0.f && std::isfinite(eps), op, "eps", "a finite number >= 0", std::to_string(eps));
+  require_float(x.dtype, op, "x");
+  const RowPair io = row_pair(op, out, x, x.ndim >= 1 ? x.size[x.ndim - 1] : 0);
+  const int64_t rows = io.x.rows, dim = io.x.cols, x_row_stride = io.x.row_stride, out_row_stride = io.out.row_stride;
+  require_float(weight.dtype, op, "weight");
+  require_dense(weight, {dim}, op, "weight");
+  const DType x_dtype = x.dtype, weight_dtype = weight.dtype;
+  GLM5_REQUIRE(eps >= 0.f && std::isfinite(eps), op, "eps", "a finite number >= 0", std::to_string(eps));
   if (rows == 0) return;
   const vec::Kernels& K = vec::kernels();
   std::vector<float> w(static_cast<size_t>(dim));
-  K.load(weight_dtype, weight, dim, w.data());
+  K.load(weight_dtype, weight.data, dim, w.data());
   const int64_t xe = dtype_bytes(x_dtype);
-  const char* xb = static_cast<const char*>(x);
-  char* ob = static_cast<char*>(out);
+  const char* xb = static_cast<const char*>(io.x.data);
+  char* ob = static_cast<char*>(io.out.data);
   advise_fresh_output(ob, rows * out_row_stride * xe);
   const int nt = threads_for(rows * dim, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -48,17 +62,20 @@ void rms_norm(void* out, const void* x, const void* weight, int64_t rows, int64_
   }
 }
 
-void silu_and_mul(void* out, const void* x, int64_t rows, int64_t n, int64_t x_row_stride,
-                  int64_t out_row_stride, DType dtype, int num_threads) {
+void silu_and_mul(const View& out, const RowsIn& x, int num_threads) {
   const char* op = "silu_and_mul";
-  require(n >= 1, op, "x", "an even last dim >= 2", "half width " + str(n));
-  check_rows(op, rows, 2 * n, x_row_stride, out_row_stride, n);
-  require_float(dtype, op, "x");
+  require_float(x.dtype, op, "x");
+  const int64_t width = x.ndim >= 1 ? x.size[x.ndim - 1] : 0;
+  GLM5_REQUIRE(width >= 2 && width % 2 == 0, op, "x", "an even last dim >= 2", str(width));
+  const int64_t n = width / 2;
+  const RowPair io = row_pair(op, out, x, n);
+  const int64_t rows = io.x.rows, x_row_stride = io.x.row_stride, out_row_stride = io.out.row_stride;
+  const DType dtype = x.dtype;
   if (rows == 0) return;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = dtype_bytes(dtype);
-  const char* xb = static_cast<const char*>(x);
-  char* ob = static_cast<char*>(out);
+  const char* xb = static_cast<const char*>(io.x.data);
+  char* ob = static_cast<char*>(io.out.data);
   advise_fresh_output(ob, rows * out_row_stride * es);
   const int nt = threads_for(rows * n, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -73,22 +90,35 @@ void silu_and_mul(void* out, const void* x, int64_t rows, int64_t n, int64_t x_r
   }
 }
 
-void apply_rope(void* out, const void* x, const void* positions, DType positions_dtype, int64_t tokens,
-                int64_t heads, int64_t rot_dim, int64_t x_token_stride, int64_t x_head_stride,
-                int64_t out_token_stride, int64_t out_head_stride, double theta, bool interleaved,
-                DType dtype, int num_threads) {
+void apply_rope(const View& out, const UnitLastIn& x, const DenseIn& positions, double theta, bool interleaved,
+                int num_threads) {
   const char* op = "apply_rope";
-  require(tokens >= 0 && heads >= 0, op, "x", "sizes T, H >= 0", str(tokens) + ", " + str(heads));
-  require(rot_dim >= 2 && rot_dim % 2 == 0, op, "x", "an even rotary dim R >= 2", str(rot_dim));
-  require(x_token_stride >= 0 && x_head_stride >= 0, op, "x", "strides >= 0",
-          str(x_token_stride) + ", " + str(x_head_stride));
-  require(heads <= 1 || out_head_stride >= rot_dim, op, "out", "a head stride >= R", str(out_head_stride));
-  require(tokens <= 1 || out_token_stride >= heads * rot_dim, op, "out", "a token stride >= H * R",
-          str(out_token_stride));
-  require(positions_dtype == DType::I32 || positions_dtype == DType::I64, op, "positions",
-          "dtype int32 or int64", "dtype code " + str(static_cast<int>(positions_dtype)));
-  require(theta > 0 && std::isfinite(theta), op, "theta", "a finite number > 0", std::to_string(theta));
-  require_float(dtype, op, "x");
+  require_float(x.dtype, op, "x");
+  require_ndim(x, 3, op, "x");
+  const int64_t tokens = x.size[0], heads = x.size[1], rot_dim = x.size[2];
+  GLM5_REQUIRE(tokens >= 0 && heads >= 0, op, "x", "sizes T, H >= 0", str(tokens) + ", " + str(heads));
+  GLM5_REQUIRE(rot_dim >= 2 && rot_dim % 2 == 0, op, "x", "an even rotary dim R >= 2", str(rot_dim));
+  GLM5_REQUIRE(x.stride[2] == 1, op, "x", "a unit stride along the last dim", str(x.stride[2]));
+  const int64_t x_token_stride = x.stride[0], x_head_stride = x.stride[1];
+  GLM5_REQUIRE(x_token_stride >= 0 && x_head_stride >= 0, op, "x", "strides >= 0",
+               str(x_token_stride) + ", " + str(x_head_stride));
+  GLM5_REQUIRE(x.data != nullptr || tokens * heads == 0, op, "x", "a non-null data pointer", "null");
+  require_ndim(out, 3, op, "out");
+  GLM5_REQUIRE(out.size[0] == tokens && out.size[1] == heads && out.size[2] == rot_dim, op, "out",
+               "shape " + shape_str(x) + " (that of 'x')", shape_str(out));
+  require_dtype_of(out, x, op, "out", "x");
+  GLM5_REQUIRE(out.stride[2] == 1, op, "out", "a unit stride along the last dim", str(out.stride[2]));
+  const int64_t out_token_stride = out.stride[0], out_head_stride = out.stride[1];
+  GLM5_REQUIRE(heads <= 1 || out_head_stride >= rot_dim, op, "out", "a head stride >= R", str(out_head_stride));
+  GLM5_REQUIRE(tokens <= 1 || out_token_stride >= heads * rot_dim, op, "out", "a token stride >= H * R",
+               str(out_token_stride));
+  GLM5_REQUIRE(out.data != nullptr || tokens * heads == 0, op, "out", "a non-null data pointer", "null");
+  const DType positions_dtype = positions.dtype;
+  GLM5_REQUIRE(positions_dtype == DType::I32 || positions_dtype == DType::I64, op, "positions",
+               "dtype int32 or int64", "dtype code " + str(static_cast<int>(positions_dtype)));
+  require_dense(positions, {tokens}, op, "positions");
+  GLM5_REQUIRE(theta > 0 && std::isfinite(theta), op, "theta", "a finite number > 0", std::to_string(theta));
+  const DType dtype = x.dtype;
   if (tokens == 0 || heads == 0) return;
   const vec::Kernels& K = vec::kernels();
   const int64_t half = rot_dim / 2;
@@ -96,8 +126,8 @@ void apply_rope(void* out, const void* x, const void* positions, DType positions
   for (int64_t i = 0; i < half; ++i)
     inv_freq[i] = std::pow(theta, static_cast<double>(i) * (-2.0 / static_cast<double>(rot_dim)));
   const int64_t es = dtype_bytes(dtype);
-  const char* xb = static_cast<const char*>(x);
-  char* ob = static_cast<char*>(out);
+  const char* xb = static_cast<const char*>(x.data);
+  char* ob = static_cast<char*>(out.data);
   advise_fresh_output(ob, tokens * out_token_stride * es);
   const int nt = threads_for(tokens * heads * rot_dim, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -105,8 +135,9 @@ void apply_rope(void* out, const void* x, const void* positions, DType positions
     std::vector<float> buf(static_cast<size_t>(rot_dim)), cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
-      const double pos = positions_dtype == DType::I32 ? static_cast<double>(static_cast<const int32_t*>(positions)[t])
-                                                       : static_cast<double>(static_cast<const int64_t*>(positions)[t]);
+      const double pos = positions_dtype == DType::I32
+                             ? static_cast<double>(static_cast<const int32_t*>(positions.data)[t])
+                             : static_cast<double>(static_cast<const int64_t*>(positions.data)[t]);
       for (int64_t i = 0; i < half; ++i) {
         const double angle = pos * inv_freq[i];
         cs[i] = static_cast<float>(std::cos(angle));
@@ -121,18 +152,19 @@ void apply_rope(void* out, const void* x, const void* positions, DType positions
   }
 }
 
-void hadamard_transform(void* out, const void* x, int64_t rows, int64_t dim, int64_t x_row_stride,
-                        int64_t out_row_stride, float scale, DType dtype, int num_threads) {
+void hadamard_transform(const View& out, const RowsIn& x, float scale, int num_threads) {
   const char* op = "hadamard_transform";
-  check_rows(op, rows, dim, x_row_stride, out_row_stride, dim);
-  require((dim & (dim - 1)) == 0, op, "x", "a last dim that is a power of two", str(dim));
-  require(std::isfinite(scale), op, "scale", "a finite number", std::to_string(scale));
-  require_float(dtype, op, "x");
+  require_float(x.dtype, op, "x");
+  const RowPair io = row_pair(op, out, x, x.ndim >= 1 ? x.size[x.ndim - 1] : 0);
+  const int64_t rows = io.x.rows, dim = io.x.cols, x_row_stride = io.x.row_stride, out_row_stride = io.out.row_stride;
+  GLM5_REQUIRE((dim & (dim - 1)) == 0, op, "x", "a last dim that is a power of two", str(dim));
+  GLM5_REQUIRE(std::isfinite(scale), op, "scale", "a finite number", std::to_string(scale));
+  const DType dtype = x.dtype;
   if (rows == 0) return;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = dtype_bytes(dtype);
-  const char* xb = static_cast<const char*>(x);
-  char* ob = static_cast<char*>(out);
+  const char* xb = static_cast<const char*>(io.x.data);
+  char* ob = static_cast<char*>(io.out.data);
   advise_fresh_output(ob, rows * out_row_stride * es);
   const int nt = threads_for(rows * dim * 4, num_threads);
 #pragma omp parallel num_threads(nt)

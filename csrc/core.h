@@ -122,13 +122,30 @@ inline void dispatch_float(DType d, const char* op, const char* arg, F&& f) {
   }
 }
 
-inline void require(bool ok, const char* op, const char* arg, const std::string& expected, const std::string& actual) {
-  if (!ok) throw InvalidInput(op, arg, expected, actual);
-}
+// Throws InvalidInput(op, arg, expected, actual) unless `ok`. A macro so that the messages
+// (string concatenations) are built only on failure: these checks run on every call.
+#define GLM5_REQUIRE(ok, op, arg, expected, actual)                          \
+  do {                                                                       \
+    if (!(ok)) throw ::glm5::InvalidInput((op), (arg), (expected), (actual)); \
+  } while (false)
 
 inline int clamp_threads(int n) { return n < 1 ? 1 : n; }
 
 inline bool is_float(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
+
+// "float32", ..., or "dtype code N" for a code outside the enum.
+inline std::string dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "float32";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::F8E4M3: return "float8_e4m3fn";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::I8: return "int8";
+  }
+  return "dtype code " + std::to_string(static_cast<int>(d));
+}
 
 // Bytes per element; 0 for an unknown code.
 inline int64_t dtype_bytes(DType d) {
@@ -162,7 +179,7 @@ inline void advise_fresh_output(void* p, int64_t bytes) {
 inline std::string str(int64_t v) { return std::to_string(v); }
 
 inline void require_float(DType d, const char* op, const char* arg) {
-  require(is_float(d), op, arg, "dtype float32, float16 or bfloat16", "dtype code " + str(static_cast<int>(d)));
+  GLM5_REQUIRE(is_float(d), op, arg, "dtype float32, float16 or bfloat16", "dtype code " + str(static_cast<int>(d)));
 }
 
 // Threads for `work` elements of cheap per-element work: one below ~64K elements, where

@@ -39,6 +39,34 @@ using dsa::round_up;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// What the drivers below work from, taken from the entry points' views (validated by
+// check_keys / check_paging before use).
+
+// Key rows [rows, dim]: a float dtype, or F8E4M3 with a float32 scale per row.
+struct DsaKeys {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0, dim = 0, row_stride = 0;
+  const float* scale = nullptr;  // F8E4M3 only: scale[row * scale_stride]
+  int64_t scale_stride = 0;
+};
+
+// A paged cache [num_blocks, block_size, dim] (+ F8E4M3 scale [num_blocks, block_size]).
+struct DsaPagedCache {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t num_blocks = 0, block_size = 0, dim = 0, block_stride = 0, row_stride = 0;
+  const float* scale = nullptr;
+  int64_t scale_block_stride = 0, scale_row_stride = 0;
+};
+
+// block_table int32 [batch, max_blocks] (row stride in elements), context_lens int32 [batch].
+struct DsaPaging {
+  const int32_t* block_table = nullptr;
+  int64_t batch = 0, max_blocks = 0, block_table_stride = 0;
+  const int32_t* context_lens = nullptr;
+};
+
 constexpr int kTopTier = 3;
 std::atomic<int> g_isa_limit{kTopTier};
 
@@ -93,46 +121,23 @@ class Buf {
   size_t n_ = 0;
 };
 
-size_t elem_size(DType d) {
-  switch (d) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::F8E4M3: case DType::I8: return 1;
-    case DType::I64: return 8;
-  }
-  return 1;
-}
-
 std::string s(int64_t v) { return std::to_string(v); }
 
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::F32: return "float32";
-    case DType::F16: return "float16";
-    case DType::BF16: return "bfloat16";
-    case DType::F8E4M3: return "float8_e4m3fn";
-    case DType::I32: return "int32";
-    case DType::I64: return "int64";
-    case DType::I8: return "int8";
-  }
-  return "unknown";
-}
-
 void check_float_dtype(const char* op, const char* arg, DType d) {
-  require(d == DType::F32 || d == DType::F16 || d == DType::BF16, op, arg, "dtype float32, float16 or bfloat16",
-          "dtype code " + s(static_cast<int>(d)));
+  GLM5_REQUIRE(d == DType::F32 || d == DType::F16 || d == DType::BF16, op, arg, "dtype float32, float16 or bfloat16",
+               "dtype code " + s(static_cast<int>(d)));
 }
 
 void check_ptr(const char* op, const char* arg, const void* p, bool needed) {
-  require(!needed || p != nullptr, op, arg, "a non-null data pointer", "null");
+  GLM5_REQUIRE(!needed || p != nullptr, op, arg, "a non-null data pointer", "null");
 }
 
 void check_threads_and_q(const char* op, const void* q, DType qd, int64_t lead, int64_t heads, int64_t dim,
                          const char* dim_name) {
   check_float_dtype(op, "q", qd);
-  require(lead >= 0, op, "q", "leading sizes >= 0", s(lead));
-  require(heads >= 1, op, "q", "heads >= 1", s(heads));
-  require(dim >= 1, op, "q", std::string(dim_name) + " >= 1", s(dim));
+  GLM5_REQUIRE(lead >= 0, op, "q", "leading sizes >= 0", s(lead));
+  GLM5_REQUIRE(heads >= 1, op, "q", "heads >= 1", s(heads));
+  GLM5_REQUIRE(dim >= 1, op, "q", std::string(dim_name) + " >= 1", s(dim));
   check_ptr(op, "q", q, lead > 0);
 }
 
@@ -142,36 +147,36 @@ void check_threads_and_q(const char* op, const void* q, DType qd, int64_t lead, 
 // in-bounds row.
 void check_paging(const char* op, const char* cache_arg, const DsaPagedCache& c, const DsaPaging& pg,
                   int64_t batch, int64_t dim) {
-  require(pg.batch == batch, op, "block_table", "batch " + s(batch) + " (the batch of 'q')", s(pg.batch));
-  require(pg.max_blocks >= 0 && pg.block_table_stride >= pg.max_blocks, op, "block_table",
-          "max_blocks >= 0 and a row stride >= max_blocks",
-          "max_blocks " + s(pg.max_blocks) + ", stride " + s(pg.block_table_stride));
+  GLM5_REQUIRE(pg.batch == batch, op, "block_table", "batch " + s(batch) + " (the batch of 'q')", s(pg.batch));
+  GLM5_REQUIRE(pg.max_blocks >= 0 && pg.block_table_stride >= pg.max_blocks, op, "block_table",
+               "max_blocks >= 0 and a row stride >= max_blocks",
+               "max_blocks " + s(pg.max_blocks) + ", stride " + s(pg.block_table_stride));
   check_ptr(op, "context_lens", pg.context_lens, batch > 0);
   check_ptr(op, "block_table", pg.block_table, batch > 0 && pg.max_blocks > 0);
-  require(c.num_blocks >= 0, op, cache_arg, "num_blocks >= 0", s(c.num_blocks));
-  require(c.block_size >= 1, op, cache_arg, "block_size >= 1", s(c.block_size));
-  require(c.dim == dim, op, cache_arg, "last dim " + s(dim) + " (the head dim of 'q')", s(c.dim));
-  require(c.row_stride >= c.dim && c.block_stride >= (c.block_size - 1) * c.row_stride + c.dim, op, cache_arg,
-          "strides of non-overlapping rows and blocks",
-          "row stride " + s(c.row_stride) + ", block stride " + s(c.block_stride));
+  GLM5_REQUIRE(c.num_blocks >= 0, op, cache_arg, "num_blocks >= 0", s(c.num_blocks));
+  GLM5_REQUIRE(c.block_size >= 1, op, cache_arg, "block_size >= 1", s(c.block_size));
+  GLM5_REQUIRE(c.dim == dim, op, cache_arg, "last dim " + s(dim) + " (the head dim of 'q')", s(c.dim));
+  GLM5_REQUIRE(c.row_stride >= c.dim && c.block_stride >= (c.block_size - 1) * c.row_stride + c.dim, op, cache_arg,
+               "strides of non-overlapping rows and blocks",
+               "row stride " + s(c.row_stride) + ", block stride " + s(c.block_stride));
   check_ptr(op, cache_arg, c.data, c.num_blocks > 0);
   if (c.dtype == DType::F8E4M3) {
     check_ptr(op, "k_cache_scale", c.scale, c.num_blocks > 0);
-    require(c.scale_row_stride >= 1 && c.scale_block_stride >= (c.block_size - 1) * c.scale_row_stride + 1, op,
-            "k_cache_scale", "strides of non-overlapping rows and blocks",
-            "row stride " + s(c.scale_row_stride) + ", block stride " + s(c.scale_block_stride));
+    GLM5_REQUIRE(c.scale_row_stride >= 1 && c.scale_block_stride >= (c.block_size - 1) * c.scale_row_stride + 1, op,
+                 "k_cache_scale", "strides of non-overlapping rows and blocks",
+                 "row stride " + s(c.scale_row_stride) + ", block stride " + s(c.scale_block_stride));
   }
   const int64_t capacity = pg.max_blocks * c.block_size;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = pg.context_lens[b];
-    require(len >= 0 && len <= capacity, op, "context_lens",
-            "values in [0, " + s(capacity) + "] (max_blocks * block_size)", s(len) + " for sequence " + s(b));
+    GLM5_REQUIRE(len >= 0 && len <= capacity, op, "context_lens",
+                 "values in [0, " + s(capacity) + "] (max_blocks * block_size)", s(len) + " for sequence " + s(b));
     const int64_t used = (len + c.block_size - 1) / c.block_size;
     const int32_t* row = pg.block_table + b * pg.block_table_stride;
     for (int64_t j = 0; j < used; ++j)
-      require(row[j] >= 0 && row[j] < c.num_blocks, op, "block_table",
-              "block ids in [0, " + s(c.num_blocks) + ") for the blocks holding [0, context_lens[b])",
-              s(row[j]) + " at [" + s(b) + ", " + s(j) + "]");
+      GLM5_REQUIRE(row[j] >= 0 && row[j] < c.num_blocks, op, "block_table",
+                   "block ids in [0, " + s(c.num_blocks) + ") for the blocks holding [0, context_lens[b])",
+                   s(row[j]) + " at [" + s(b) + ", " + s(j) + "]");
   }
 }
 
@@ -186,8 +191,8 @@ struct PagedLookup {
 
   PagedLookup(const DsaPagedCache& c, const DsaPaging& pg)
       : data(static_cast<const char*>(c.data)), block_size(c.block_size),
-        block_bytes(c.block_stride * static_cast<int64_t>(elem_size(c.dtype))),
-        row_bytes(c.row_stride * static_cast<int64_t>(elem_size(c.dtype))), scale(c.scale),
+        block_bytes(c.block_stride * dtype_bytes(c.dtype)),
+        row_bytes(c.row_stride * dtype_bytes(c.dtype)), scale(c.scale),
         scale_block_stride(c.scale_block_stride), scale_row_stride(c.scale_row_stride), block_table(pg.block_table),
         bt_stride(pg.block_table_stride) {}
 
@@ -223,7 +228,7 @@ inline void prefetch_row(const void* row, int64_t bytes) {
 // Q^T with leading dimension ld (dst points at the first column). Heads >= `heads` pack as 0.
 void pack_q_f32(const Kernels& K, DType qd, const void* q, int64_t heads, int64_t dim, int64_t head0, int ncols,
                 float* dst, int64_t ld, float* tmp_row) {
-  const size_t es = elem_size(qd);
+  const size_t es = static_cast<size_t>(dtype_bytes(qd));
   for (int c = 0; c < ncols; ++c) {
     const int64_t h = head0 + c;
     if (h < heads) {
@@ -331,7 +336,7 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
     return Partial{base, base + max_cols * dvp, base + max_cols * dvp + max_cols};
   };
 
-  const size_t qes = elem_size(st.dtype);
+  const size_t qes = static_cast<size_t>(dtype_bytes(st.dtype));
   const int64_t row_bytes = st.dqk * static_cast<int64_t>(qes);
   auto group_cols = [&](int64_t g, int64_t* col0) {
     const int64_t v0 = g * vecs_per_group;
@@ -464,9 +469,9 @@ void run_attention(const AttnSetup& st, const Rows& rows, int nthreads) {
 }
 
 void check_attention_scalars(const char* op, int64_t dqk, float sm_scale, int64_t d_v) {
-  require(std::isfinite(sm_scale) && sm_scale > 0.0f, op, "sm_scale", "a finite number > 0",
-          std::to_string(sm_scale));
-  require(d_v >= 1 && d_v <= dqk, op, "d_v", "an int in [1, " + s(dqk) + "] (Dqk)", s(d_v));
+  GLM5_REQUIRE(std::isfinite(sm_scale) && sm_scale > 0.0f, op, "sm_scale", "a finite number > 0",
+               std::to_string(sm_scale));
+  GLM5_REQUIRE(d_v >= 1 && d_v <= dqk, op, "d_v", "an int in [1, " + s(dqk) + "] (Dqk)", s(d_v));
 }
 
 struct SparseRows {
@@ -627,8 +632,8 @@ void run_indexer(const IndexerSetup& st, const Src& src, int nthreads) {
   }
   auto part_slot = [&](int64_t g, int64_t p, int64_t qs) { return (g * parts + p) * gq + qs; };
 
-  const size_t qes = elem_size(st.qdtype);
-  const int64_t key_row_bytes = st.dim * static_cast<int64_t>(elem_size(st.kdtype));
+  const size_t qes = static_cast<size_t>(dtype_bytes(st.qdtype));
+  const int64_t key_row_bytes = st.dim * dtype_bytes(st.kdtype);
 
   // Keeps a query's candidate list (capacity 2 * cap) at its best `cap` entries.
   auto compact = [&](IdxScratch& sc, float* cv, int32_t* cp, int64_t& cn) {
@@ -886,35 +891,107 @@ std::vector<QueryGroup> group_tokens(const std::vector<int64_t>& start, const st
 }
 
 void check_keys(const char* op, const DsaKeys& k, DType qd, int64_t dim) {
-  require(k.dtype == qd || k.dtype == DType::F8E4M3, op, "k",
-          std::string("dtype ") + dtype_name(qd) + " (that of 'q') or float8_e4m3fn with a scale",
-          dtype_name(k.dtype));
-  require(k.rows >= 0, op, "k", "rows >= 0", s(k.rows));
-  require(k.dim == dim, op, "k", "last dim " + s(dim) + " (the head dim of 'q')", s(k.dim));
-  require(k.row_stride >= k.dim, op, "k", "a row stride >= dim", s(k.row_stride));
+  GLM5_REQUIRE(k.dtype == qd || k.dtype == DType::F8E4M3, op, "k",
+               std::string("dtype ") + dtype_name(qd) + " (that of 'q') or float8_e4m3fn with a scale",
+               dtype_name(k.dtype));
+  GLM5_REQUIRE(k.rows >= 0, op, "k", "rows >= 0", s(k.rows));
+  GLM5_REQUIRE(k.dim == dim, op, "k", "last dim " + s(dim) + " (the head dim of 'q')", s(k.dim));
+  GLM5_REQUIRE(k.row_stride >= k.dim, op, "k", "a row stride >= dim", s(k.row_stride));
   check_ptr(op, "k", k.data, k.rows > 0);
   if (k.dtype == DType::F8E4M3) {
     check_ptr(op, "k_scale", k.scale, k.rows > 0);
-    require(k.scale_stride >= 1, op, "k_scale", "a stride >= 1", s(k.scale_stride));
+    GLM5_REQUIRE(k.scale_stride >= 1, op, "k_scale", "a stride >= 1", s(k.scale_stride));
   }
 }
 
-IndexerSetup indexer_setup(const char* op, const void* q, DType qd, int64_t tokens, int64_t heads, int64_t dim,
-                           const DsaKeys& k, const float* weights, const int32_t* k_start, const int32_t* k_end) {
-  check_threads_and_q(op, q, qd, tokens, heads, dim, "head dim");
-  check_keys(op, k, qd, dim);
-  check_ptr(op, "weights", weights, tokens > 0);
-  check_ptr(op, "k_start", k_start, tokens > 0);
-  check_ptr(op, "k_end", k_end, tokens > 0);
-  IndexerSetup st{op, q, qd, heads, dim, weights, k.dtype, {}, {}, {}, group_queries_limit(heads)};
+// q [lead, (N,) heads, dim]: a float dtype, contiguous, `lead_dims` leading dims.
+struct QShape {
+  int64_t lead, heads, dim;
+};
+
+QShape q_shape(const char* op, const View& q, int lead_dims, const char* dim_name) {
+  check_float_dtype(op, "q", q.dtype);
+  require_ndim(q, lead_dims + 2, op, "q");
+  const QShape qs{q.size[0], q.size[lead_dims], q.size[lead_dims + 1]};
+  check_threads_and_q(op, q.data, q.dtype, qs.lead, qs.heads, qs.dim, dim_name);
+  require_contiguous(q, op, "q");
+  return qs;
+}
+
+// A contiguous tensor of `sizes` and dtype d (outputs, weights, indices, ranges).
+void require_dense_of(const View& v, std::initializer_list<int64_t> sizes, DType d, const char* op, const char* arg) {
+  require_dtype(v, d, op, arg);
+  require_dense(v, sizes, op, arg);
+}
+
+DsaKeys keys_of(const char* op, const View& k, const View* k_scale) {
+  require_ndim(k, 2, op, "k");
+  const Rows r = rows_of(k, op, "k");
+  DsaKeys keys{r.data, k.dtype, r.rows, r.cols, r.row_stride, nullptr, 0};
+  if (k_scale) {
+    GLM5_REQUIRE(k.dtype == DType::F8E4M3, op, "k_scale", "none for keys of dtype " + dtype_name(k.dtype), "a scale");
+    require_dtype(*k_scale, DType::F32, op, "k_scale");
+    require_ndim(*k_scale, 1, op, "k_scale");
+    GLM5_REQUIRE(k_scale->size[0] == r.rows, op, "k_scale", "shape [" + s(r.rows) + "] (one per key row)",
+                 shape_str(*k_scale));
+    keys.scale = static_cast<const float*>(k_scale->data);
+    keys.scale_stride = r.rows > 1 ? k_scale->stride[0] : 1;
+  }
+  return keys;
+}
+
+// Strides of size-1 dims do not matter: they get the values of a packed layout.
+DsaPagedCache paged_cache_of(const char* op, const char* arg, const View& c, const View* scale) {
+  require_ndim(c, 3, op, arg);
+  const int64_t blocks = c.size[0], size = c.size[1], dim = c.size[2];
+  GLM5_REQUIRE(dim <= 1 || c.stride[2] == 1, op, arg, "a unit stride along the last dim", s(c.stride[2]));
+  const int64_t row = size > 1 ? c.stride[1] : dim;
+  const int64_t block = blocks > 1 ? c.stride[0] : (size - 1) * row + dim;
+  DsaPagedCache pc{c.data, c.dtype, blocks, size, dim, block, row, nullptr, 0, 0};
+  if (scale) {
+    const char* sarg = "k_cache_scale";
+    GLM5_REQUIRE(c.dtype == DType::F8E4M3, op, sarg, "none for a cache of dtype " + dtype_name(c.dtype), "a scale");
+    require_dtype(*scale, DType::F32, op, sarg);
+    require_ndim(*scale, 2, op, sarg);
+    GLM5_REQUIRE(scale->size[0] == blocks && scale->size[1] == size, op, sarg,
+                 "shape [" + s(blocks) + ", " + s(size) + "] (num_blocks, block_size of the cache)", shape_str(*scale));
+    pc.scale = static_cast<const float*>(scale->data);
+    pc.scale_row_stride = size > 1 ? scale->stride[1] : 1;
+    pc.scale_block_stride = blocks > 1 ? scale->stride[0] : (size - 1) * pc.scale_row_stride + 1;
+  }
+  return pc;
+}
+
+DsaPaging paging_of(const char* op, const View& block_table, const View& context_lens) {
+  require_dtype(block_table, DType::I32, op, "block_table");
+  require_ndim(block_table, 2, op, "block_table");
+  const int64_t batch = block_table.size[0], max_blocks = block_table.size[1];
+  GLM5_REQUIRE(max_blocks <= 1 || block_table.stride[1] == 1, op, "block_table", "a unit stride along the last dim",
+               s(block_table.stride[1]));
+  require_dense_of(context_lens, {batch}, DType::I32, op, "context_lens");
+  return DsaPaging{static_cast<const int32_t*>(block_table.data), batch, max_blocks,
+                   batch > 1 ? block_table.stride[0] : max_blocks, static_cast<const int32_t*>(context_lens.data)};
+}
+
+IndexerSetup indexer_setup(const char* op, const View& q, const QShape& qs, const DsaKeys& k, const View& weights,
+                           const View& k_start_view, const View& k_end_view) {
+  const int64_t tokens = qs.lead;
+  check_keys(op, k, q.dtype, qs.dim);
+  require_dense_of(weights, {tokens, qs.heads}, DType::F32, op, "weights");
+  require_dense_of(k_start_view, {tokens}, DType::I32, op, "k_start");
+  require_dense_of(k_end_view, {tokens}, DType::I32, op, "k_end");
+  const int32_t* k_start = static_cast<const int32_t*>(k_start_view.data);
+  const int32_t* k_end = static_cast<const int32_t*>(k_end_view.data);
+  IndexerSetup st{op, q.data, q.dtype, qs.heads, qs.dim, static_cast<const float*>(weights.data), k.dtype,
+                  {}, {}, {}, group_queries_limit(qs.heads)};
   st.start.resize(static_cast<size_t>(tokens));
   st.end.resize(static_cast<size_t>(tokens));
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t a = k_start[t], b = k_end[t];
-    require(b >= 0 && b <= k.rows, op, "k_end", "values in [0, " + s(k.rows) + "] (S, the number of keys)",
-            s(b) + " at t=" + s(t));
-    require(a >= 0 && a <= b, op, "k_start", "0 <= k_start[t] <= k_end[t]",
-            "k_start[" + s(t) + "] = " + s(a) + " with k_end[" + s(t) + "] = " + s(b));
+    GLM5_REQUIRE(b >= 0 && b <= k.rows, op, "k_end", "values in [0, " + s(k.rows) + "] (S, the number of keys)",
+                 s(b) + " at t=" + s(t));
+    GLM5_REQUIRE(a >= 0 && a <= b, op, "k_start", "0 <= k_start[t] <= k_end[t]",
+                 "k_start[" + s(t) + "] = " + s(a) + " with k_end[" + s(t) + "] = " + s(b));
     st.start[static_cast<size_t>(t)] = a;
     st.end[static_cast<size_t>(t)] = b;
   }
@@ -926,49 +1003,63 @@ IndexerSetup indexer_setup(const char* op, const void* q, DType qd, int64_t toke
 
 // ================================ entry points =============================================
 
-void indexer_logits(float* out, int64_t out_row_stride, const void* q, DType q_dtype, int64_t tokens, int64_t heads,
-                    int64_t dim, const DsaKeys& k, const float* weights, const int32_t* k_start,
-                    const int32_t* k_end, int num_threads) {
+void indexer_logits(const View& out, const DenseIn& q, const DisjointIn& k, const ScalesIn* k_scale,
+                    const DenseIn& weights, const DenseIn& k_start, const DenseIn& k_end, int num_threads) {
   const char* op = "indexer_logits";
-  IndexerSetup st = indexer_setup(op, q, q_dtype, tokens, heads, dim, k, weights, k_start, k_end);
-  require(out_row_stride >= k.rows, op, "out", "a row stride >= S", s(out_row_stride));
-  check_ptr(op, "out", out, tokens > 0 && k.rows > 0);
-  st.logits = out;
-  st.logits_stride = out_row_stride;
-  st.logits_width = k.rows;
-  const PlainKeys src{static_cast<const char*>(k.data), k.row_stride * static_cast<int64_t>(elem_size(k.dtype)),
-                      k.scale, k.scale_stride};
+  const QShape qs = q_shape(op, q, 1, "head dim");
+  const DsaKeys keys = keys_of(op, k, k_scale);
+  IndexerSetup st = indexer_setup(op, q, qs, keys, weights, k_start, k_end);
+  require_dtype(out, DType::F32, op, "out");
+  require_ndim(out, 2, op, "out");
+  const Rows o = rows_of(out, op, "out");
+  GLM5_REQUIRE(o.rows == qs.lead && o.cols == keys.rows, op, "out", "shape [" + s(qs.lead) + ", " + s(keys.rows) + "]",
+               shape_str(out));
+  GLM5_REQUIRE(o.rows <= 1 || o.row_stride >= keys.rows, op, "out", "a row stride >= S", s(o.row_stride));
+  st.logits = static_cast<float*>(o.data);
+  st.logits_stride = o.row_stride;
+  st.logits_width = keys.rows;
+  const PlainKeys src{static_cast<const char*>(keys.data), keys.row_stride * dtype_bytes(keys.dtype), keys.scale,
+                      keys.scale_stride};
   run_indexer(st, src, clamp_threads(num_threads));
 }
 
-void indexer_topk(int32_t* out, int64_t topk, const void* q, DType q_dtype, int64_t tokens, int64_t heads,
-                  int64_t dim, const DsaKeys& k, const float* weights, const int32_t* k_start, const int32_t* k_end,
-                  int num_threads) {
+void indexer_topk(const View& out, const DenseIn& q, const DisjointIn& k, const ScalesIn* k_scale,
+                  const DenseIn& weights, const DenseIn& k_start, const DenseIn& k_end, int num_threads) {
   const char* op = "indexer_topk";
-  require(topk >= 1 && topk <= std::numeric_limits<int32_t>::max(), op, "topk", "an int in [1, 2^31)", s(topk));
-  IndexerSetup st = indexer_setup(op, q, q_dtype, tokens, heads, dim, k, weights, k_start, k_end);
-  check_ptr(op, "out", out, tokens > 0);
-  st.topk_out = out;
+  require_ndim(out, 2, op, "out");
+  const int64_t topk = out.size[1];
+  GLM5_REQUIRE(topk >= 1 && topk <= std::numeric_limits<int32_t>::max(), op, "topk", "an int in [1, 2^31)", s(topk));
+  const QShape qs = q_shape(op, q, 1, "head dim");
+  const DsaKeys keys = keys_of(op, k, k_scale);
+  IndexerSetup st = indexer_setup(op, q, qs, keys, weights, k_start, k_end);
+  require_dense_of(out, {qs.lead, topk}, DType::I32, op, "out");
+  st.topk_out = static_cast<int32_t*>(out.data);
   st.topk = topk;
-  const PlainKeys src{static_cast<const char*>(k.data), k.row_stride * static_cast<int64_t>(elem_size(k.dtype)),
-                      k.scale, k.scale_stride};
+  const PlainKeys src{static_cast<const char*>(keys.data), keys.row_stride * dtype_bytes(keys.dtype), keys.scale,
+                      keys.scale_stride};
   run_indexer(st, src, clamp_threads(num_threads));
 }
 
-void indexer_topk_paged(int32_t* out, int64_t topk, const void* q, DType q_dtype, int64_t batch, int64_t queries,
-                        int64_t heads, int64_t dim, const DsaPagedCache& k_cache, const float* weights,
-                        const DsaPaging& paging, int num_threads) {
+void indexer_topk_paged(const View& out, const DenseIn& q, const DisjointIn& k_cache, const ScalesIn* k_cache_scale,
+                        const DenseIn& weights, const DisjointIn& block_table, const DenseIn& context_lens,
+                        int num_threads) {
   const char* op = "indexer_topk_paged";
-  require(topk >= 1 && topk <= std::numeric_limits<int32_t>::max(), op, "topk", "an int in [1, 2^31)", s(topk));
-  require(queries >= 1, op, "q", "N >= 1 queries per sequence", s(queries));
-  check_threads_and_q(op, q, q_dtype, batch, heads, dim, "head dim");
-  require(k_cache.dtype == q_dtype || k_cache.dtype == DType::F8E4M3, op, "k_cache",
-          std::string("dtype ") + dtype_name(q_dtype) + " (that of 'q') or float8_e4m3fn with a scale",
-          dtype_name(k_cache.dtype));
-  check_paging(op, "k_cache", k_cache, paging, batch, dim);
-  check_ptr(op, "weights", weights, batch > 0);
-  check_ptr(op, "out", out, batch > 0);
-  IndexerSetup st{op, q, q_dtype, heads, dim, weights, k_cache.dtype, {}, {}, {}, group_queries_limit(heads)};
+  require_ndim(out, 3, op, "out");
+  const int64_t topk = out.size[2];
+  GLM5_REQUIRE(topk >= 1 && topk <= std::numeric_limits<int32_t>::max(), op, "topk", "an int in [1, 2^31)", s(topk));
+  const QShape qs = q_shape(op, q, 2, "head dim");
+  const int64_t batch = qs.lead, queries = q.size[1], heads = qs.heads, dim = qs.dim;
+  GLM5_REQUIRE(queries >= 1, op, "q", "N >= 1 queries per sequence", s(queries));
+  const DsaPagedCache cache = paged_cache_of(op, "k_cache", k_cache, k_cache_scale);
+  GLM5_REQUIRE(cache.dtype == q.dtype || cache.dtype == DType::F8E4M3, op, "k_cache",
+               "dtype " + dtype_name(q.dtype) + " (that of 'q') or float8_e4m3fn with a scale",
+               dtype_name(cache.dtype));
+  const DsaPaging paging = paging_of(op, block_table, context_lens);
+  check_paging(op, "k_cache", cache, paging, batch, dim);
+  require_dense_of(weights, {batch, queries, heads}, DType::F32, op, "weights");
+  require_dense_of(out, {batch, queries, topk}, DType::I32, op, "out");
+  IndexerSetup st{op, q.data, q.dtype, heads, dim, static_cast<const float*>(weights.data), cache.dtype,
+                  {}, {}, {}, group_queries_limit(heads)};
   const int64_t nq = batch * queries;
   st.start.assign(static_cast<size_t>(nq), 0);
   st.end.resize(static_cast<size_t>(nq));
@@ -980,63 +1071,91 @@ void indexer_topk_paged(int32_t* out, int64_t topk, const void* q, DType q_dtype
       // visible ranges grow with i: the last query's is the union
       st.groups.push_back(QueryGroup{b, first, n, 0, st.end[static_cast<size_t>(first + n - 1)]});
     }
-  st.topk_out = out;
+  st.topk_out = static_cast<int32_t*>(out.data);
   st.topk = topk;
-  run_indexer(st, PagedKeys{PagedLookup(k_cache, paging)}, clamp_threads(num_threads));
+  run_indexer(st, PagedKeys{PagedLookup(cache, paging)}, clamp_threads(num_threads));
 }
 
-void sparse_mla_attention(void* out, float* lse, const void* q, DType q_dtype, int64_t tokens, int64_t heads,
-                          int64_t dqk, const void* kv, int64_t kv_rows, int64_t kv_row_stride, const int32_t* indices,
-                          int64_t topk, float sm_scale, int64_t d_v, int num_threads) {
+void sparse_mla_attention(const View& out, const View& lse, const DenseIn& q, const DisjointIn& kv,
+                          const DenseIn& indices, float sm_scale, int num_threads) {
   const char* op = "sparse_mla_attention";
-  check_threads_and_q(op, q, q_dtype, tokens, heads, dqk, "Dqk");
+  const QShape qs = q_shape(op, q, 1, "Dqk");
+  const int64_t tokens = qs.lead, heads = qs.heads, dqk = qs.dim;
+  require_ndim(out, 3, op, "out");
+  const int64_t d_v = out.size[2];
   check_attention_scalars(op, dqk, sm_scale, d_v);
-  require(kv_rows >= 0, op, "kv", "rows >= 0", s(kv_rows));
-  require(kv_row_stride >= dqk, op, "kv", "a row stride >= Dqk", s(kv_row_stride));
-  require(topk >= 1, op, "indices", "topk >= 1", s(topk));
-  check_ptr(op, "kv", kv, kv_rows > 0);
-  check_ptr(op, "indices", indices, tokens > 0);
-  check_ptr(op, "out", out, tokens > 0);
-  check_ptr(op, "lse", lse, tokens > 0);
-  const AttnSetup st{op, q, q_dtype, tokens, heads, dqk, d_v, sm_scale, out, lse};
-  const SparseRows rows{indices, topk, kv_rows, static_cast<const char*>(kv),
-                        kv_row_stride * static_cast<int64_t>(elem_size(q_dtype))};
+  require_ndim(kv, 2, op, "kv");
+  const Rows rows_kv = rows_of(kv, op, "kv");
+  require_dtype_of(kv, q, op, "kv", "q");
+  GLM5_REQUIRE(rows_kv.cols == dqk, op, "kv", "rows of Dqk = " + s(dqk) + " (that of 'q')", s(rows_kv.cols));
+  GLM5_REQUIRE(rows_kv.row_stride >= dqk, op, "kv", "a row stride >= Dqk", s(rows_kv.row_stride));
+  require_ndim(indices, 2, op, "indices");
+  const int64_t topk = indices.size[1];
+  GLM5_REQUIRE(topk >= 1, op, "indices", "topk >= 1", s(topk));
+  require_dense_of(indices, {tokens, topk}, DType::I32, op, "indices");
+  require_dense_of(out, {tokens, heads, d_v}, q.dtype, op, "out");
+  require_dense_of(lse, {tokens, heads}, DType::F32, op, "lse");
+  const AttnSetup st{op, q.data, q.dtype, tokens, heads, dqk, d_v, sm_scale, out.data, static_cast<float*>(lse.data)};
+  const SparseRows rows{static_cast<const int32_t*>(indices.data), topk, rows_kv.rows,
+                        static_cast<const char*>(rows_kv.data), rows_kv.row_stride * dtype_bytes(q.dtype)};
   run_attention(st, rows, clamp_threads(num_threads));
 }
 
-void sparse_mla_decode_paged(void* out, float* lse, const void* q, DType q_dtype, int64_t batch, int64_t queries,
-                             int64_t heads, int64_t dqk, const DsaPagedCache& kv_cache, const DsaPaging& paging,
-                             const int32_t* indices, int64_t topk, float sm_scale, int64_t d_v, int num_threads) {
+namespace {
+
+// The checks the two paged attention kernels share: q [B, N, H, Dqk], out [B, N, H, d_v],
+// lse [B, N, H], the cache (q's dtype) and its paging.
+struct PagedAttention {
+  QShape qs;
+  int64_t queries, d_v;
+  DsaPagedCache cache;
+  DsaPaging paging;
+};
+
+PagedAttention paged_attention(const char* op, const View& out, const View& lse, const View& q, const View& kv_cache,
+                               const View& block_table, const View& context_lens, float sm_scale) {
+  const QShape qs = q_shape(op, q, 2, "Dqk");
+  const int64_t batch = qs.lead, queries = q.size[1];
+  GLM5_REQUIRE(queries >= 1, op, "q", "N >= 1 queries per sequence", s(queries));
+  require_ndim(out, 4, op, "out");
+  const int64_t d_v = out.size[3];
+  check_attention_scalars(op, qs.dim, sm_scale, d_v);
+  const DsaPagedCache cache = paged_cache_of(op, "kv_cache", kv_cache, nullptr);
+  require_dtype_of(kv_cache, q, op, "kv_cache", "q");
+  const DsaPaging paging = paging_of(op, block_table, context_lens);
+  check_paging(op, "kv_cache", cache, paging, batch, qs.dim);
+  require_dense_of(out, {batch, queries, qs.heads, d_v}, q.dtype, op, "out");
+  require_dense_of(lse, {batch, queries, qs.heads}, DType::F32, op, "lse");
+  return {qs, queries, d_v, cache, paging};
+}
+
+}  // namespace
+
+void sparse_mla_decode_paged(const View& out, const View& lse, const DenseIn& q, const DisjointIn& kv_cache,
+                             const DisjointIn& block_table, const DenseIn& context_lens, const DenseIn& indices,
+                             float sm_scale,
+                             int num_threads) {
   const char* op = "sparse_mla_decode_paged";
-  require(queries >= 1, op, "q", "N >= 1 queries per sequence", s(queries));
-  check_threads_and_q(op, q, q_dtype, batch, heads, dqk, "Dqk");
-  check_attention_scalars(op, dqk, sm_scale, d_v);
-  require(kv_cache.dtype == q_dtype, op, "kv_cache", std::string("dtype ") + dtype_name(q_dtype) + " (that of 'q')",
-          dtype_name(kv_cache.dtype));
-  check_paging(op, "kv_cache", kv_cache, paging, batch, dqk);
-  require(topk >= 1, op, "indices", "topk >= 1", s(topk));
-  check_ptr(op, "indices", indices, batch > 0);
-  check_ptr(op, "out", out, batch > 0);
-  check_ptr(op, "lse", lse, batch > 0);
-  const AttnSetup st{op, q, q_dtype, batch * queries, heads, dqk, d_v, sm_scale, out, lse};
-  const PagedSparseRows rows{PagedLookup(kv_cache, paging), indices, paging.context_lens, topk, queries};
+  const PagedAttention pa = paged_attention(op, out, lse, q, kv_cache, block_table, context_lens, sm_scale);
+  require_ndim(indices, 3, op, "indices");
+  const int64_t topk = indices.size[2];
+  GLM5_REQUIRE(topk >= 1, op, "indices", "topk >= 1", s(topk));
+  require_dense_of(indices, {pa.qs.lead, pa.queries, topk}, DType::I32, op, "indices");
+  const AttnSetup st{op, q.data, q.dtype, pa.qs.lead * pa.queries, pa.qs.heads, pa.qs.dim, pa.d_v, sm_scale,
+                     out.data, static_cast<float*>(lse.data)};
+  const PagedSparseRows rows{PagedLookup(pa.cache, pa.paging), static_cast<const int32_t*>(indices.data),
+                             pa.paging.context_lens, topk, pa.queries};
   run_attention(st, rows, clamp_threads(num_threads));
 }
 
-void dense_mla_decode_paged(void* out, float* lse, const void* q, DType q_dtype, int64_t batch, int64_t queries,
-                            int64_t heads, int64_t dqk, const DsaPagedCache& kv_cache, const DsaPaging& paging,
-                            float sm_scale, int64_t d_v, int num_threads) {
+void dense_mla_decode_paged(const View& out, const View& lse, const DenseIn& q, const DisjointIn& kv_cache,
+                            const DisjointIn& block_table, const DenseIn& context_lens, float sm_scale,
+                            int num_threads) {
   const char* op = "dense_mla_decode_paged";
-  require(queries >= 1, op, "q", "N >= 1 queries per sequence", s(queries));
-  check_threads_and_q(op, q, q_dtype, batch, heads, dqk, "Dqk");
-  check_attention_scalars(op, dqk, sm_scale, d_v);
-  require(kv_cache.dtype == q_dtype, op, "kv_cache", std::string("dtype ") + dtype_name(q_dtype) + " (that of 'q')",
-          dtype_name(kv_cache.dtype));
-  check_paging(op, "kv_cache", kv_cache, paging, batch, dqk);
-  check_ptr(op, "out", out, batch > 0);
-  check_ptr(op, "lse", lse, batch > 0);
-  const AttnSetup st{op, q, q_dtype, batch * queries, heads, dqk, d_v, sm_scale, out, lse};
-  const DenseRows rows{PagedLookup(kv_cache, paging), paging.context_lens, queries};
+  const PagedAttention pa = paged_attention(op, out, lse, q, kv_cache, block_table, context_lens, sm_scale);
+  const AttnSetup st{op, q.data, q.dtype, pa.qs.lead * pa.queries, pa.qs.heads, pa.qs.dim, pa.d_v, sm_scale,
+                     out.data, static_cast<float*>(lse.data)};
+  const DenseRows rows{PagedLookup(pa.cache, pa.paging), pa.paging.context_lens, pa.queries};
   run_attention(st, rows, clamp_threads(num_threads));
 }
 

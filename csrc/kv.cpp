@@ -18,10 +18,10 @@ inline int64_t slot_at(const void* slots, DType d, int64_t t) {
 
 // Every slot in [-1, num_slots), no slot >= 0 twice; checked before anything is written.
 void check_slots(const char* op, const void* slots, DType d, int64_t tokens, int64_t num_slots) {
-  require(d == DType::I32 || d == DType::I64, op, "slot_mapping", "dtype int32 or int64",
-          "dtype code " + str(static_cast<int>(d)));
-  require(tokens >= 0, op, "slot_mapping", "T >= 0", str(tokens));
-  require(num_slots >= 0, op, "cache", "num_blocks * block_size >= 0", str(num_slots));
+  GLM5_REQUIRE(d == DType::I32 || d == DType::I64, op, "slot_mapping", "dtype int32 or int64",
+               "dtype code " + str(static_cast<int>(d)));
+  GLM5_REQUIRE(tokens >= 0, op, "slot_mapping", "T >= 0", str(tokens));
+  GLM5_REQUIRE(num_slots >= 0, op, "cache", "num_blocks * block_size >= 0", str(num_slots));
   std::vector<int64_t> used;
   used.reserve(static_cast<size_t>(tokens));
   for (int64_t t = 0; t < tokens; ++t) {
@@ -39,16 +39,25 @@ void check_slots(const char* op, const void* slots, DType d, int64_t tokens, int
 
 }  // namespace
 
-void kv_cache_write(void* cache, int64_t num_slots, int64_t row_bytes, const void* values,
-                    int64_t values_row_stride_bytes, int64_t tokens, const void* slots, DType slot_dtype,
-                    int num_threads) {
+void kv_cache_write(const View& cache, const RowsIn& values, const DenseIn& slot_mapping, int num_threads) {
   const char* op = "kv_cache_write";
-  require(row_bytes >= 0, op, "values", "a row size >= 0", str(row_bytes));
-  require(values_row_stride_bytes >= 0, op, "values", "a row stride >= 0", str(values_row_stride_bytes));
+  require_ndim(cache, 3, op, "cache");
+  require_contiguous(cache, op, "cache");
+  const int64_t es = dtype_bytes(cache.dtype), num_slots = cache.size[0] * cache.size[1], dim = cache.size[2];
+  GLM5_REQUIRE(es > 0, op, "cache", "a dtype of the glm5::DType enum", dtype_name(cache.dtype));
+  require_ndim(values, 2, op, "values");
+  const Rows v = rows_of(values, op, "values");
+  GLM5_REQUIRE(v.cols == dim, op, "values", "rows of D = " + str(dim) + " (that of 'cache')", str(v.cols));
+  require_dtype_of(values, cache, op, "values", "cache");
+  GLM5_REQUIRE(v.row_stride >= 0, op, "values", "a row stride >= 0", str(v.row_stride));
+  const int64_t tokens = v.rows, row_bytes = dim * es, values_row_stride_bytes = v.row_stride * es;
+  require_dense(slot_mapping, {tokens}, op, "slot_mapping");
+  const void* slots = slot_mapping.data;
+  const DType slot_dtype = slot_mapping.dtype;
   check_slots(op, slots, slot_dtype, tokens, num_slots);
   if (tokens == 0 || row_bytes == 0) return;
-  const char* vb = static_cast<const char*>(values);
-  char* cb = static_cast<char*>(cache);
+  const char* vb = static_cast<const char*>(v.data);
+  char* cb = static_cast<char*>(cache.data);
   const int nt = threads_for(tokens * row_bytes / 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
@@ -57,18 +66,31 @@ void kv_cache_write(void* cache, int64_t num_slots, int64_t row_bytes, const voi
   }
 }
 
-void indexer_k_cache_write(const void* k, int64_t tokens, int64_t dim, int64_t k_row_stride, DType k_dtype,
-                           uint8_t* k_cache, float* k_scale, int64_t num_slots, const void* slots,
-                           DType slot_dtype, bool ue8m0, int num_threads) {
+void indexer_k_cache_write(const RowsIn& k, const View& k_cache_view, const View& k_scale_view,
+                           const DenseIn& slot_mapping, bool ue8m0, int num_threads) {
   const char* op = "indexer_k_cache_write";
-  require(dim >= 1, op, "k", "shape [T, D] with D >= 1", "D = " + str(dim));
-  require(k_row_stride >= 0, op, "k", "a row stride >= 0", str(k_row_stride));
-  require_float(k_dtype, op, "k");
-  check_slots(op, slots, slot_dtype, tokens, num_slots);
+  require_ndim(k, 2, op, "k");
+  const Rows kr = rows_of(k, op, "k");
+  const int64_t tokens = kr.rows, dim = kr.cols, k_row_stride = kr.row_stride;
+  GLM5_REQUIRE(dim >= 1, op, "k", "shape [T, D] with D >= 1", "D = " + str(dim));
+  GLM5_REQUIRE(k_row_stride >= 0, op, "k", "a row stride >= 0", str(k_row_stride));
+  require_float(k.dtype, op, "k");
+  require_dtype(k_cache_view, DType::F8E4M3, op, "k_cache");
+  require_ndim(k_cache_view, 3, op, "k_cache");
+  const int64_t blocks = k_cache_view.size[0], block_size = k_cache_view.size[1];
+  require_dense(k_cache_view, {blocks, block_size, dim}, op, "k_cache");
+  require_dtype(k_scale_view, DType::F32, op, "k_scale");
+  require_dense(k_scale_view, {blocks, block_size}, op, "k_scale");
+  require_dense(slot_mapping, {tokens}, op, "slot_mapping");
+  const DType k_dtype = k.dtype, slot_dtype = slot_mapping.dtype;
+  const void* slots = slot_mapping.data;
+  uint8_t* k_cache = static_cast<uint8_t*>(k_cache_view.data);
+  float* k_scale = static_cast<float*>(k_scale_view.data);
+  check_slots(op, slots, slot_dtype, tokens, blocks * block_size);
   if (tokens == 0) return;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = dtype_bytes(k_dtype);
-  const char* kb = static_cast<const char*>(k);
+  const char* kb = static_cast<const char*>(kr.data);
   const int nt = threads_for(tokens * dim * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -85,11 +107,19 @@ void indexer_k_cache_write(const void* k, int64_t tokens, int64_t dim, int64_t k
   }
 }
 
-int64_t kv_cache_gather_rows(const int32_t* context_lens, int64_t batch, int64_t max_blocks, int64_t block_size) {
+int64_t kv_cache_gather_rows(const View& cache, const View& block_table, const DenseIn& context_lens_view) {
   const char* op = "kv_cache_gather";
-  require(batch >= 0, op, "block_table", "B >= 0", str(batch));
-  require(max_blocks >= 0, op, "block_table", "max_blocks >= 0", str(max_blocks));
-  require(block_size >= 0, op, "cache", "block_size >= 0", str(block_size));
+  require_ndim(cache, 3, op, "cache");
+  const int64_t block_size = cache.size[1];
+  GLM5_REQUIRE(block_size >= 0, op, "cache", "block_size >= 0", str(block_size));
+  require_dtype(block_table, DType::I32, op, "block_table");
+  require_ndim(block_table, 2, op, "block_table");
+  const int64_t batch = block_table.size[0], max_blocks = block_table.size[1];
+  GLM5_REQUIRE(batch >= 0, op, "block_table", "B >= 0", str(batch));
+  GLM5_REQUIRE(max_blocks >= 0, op, "block_table", "max_blocks >= 0", str(max_blocks));
+  require_dtype(context_lens_view, DType::I32, op, "context_lens");
+  require_dense(context_lens_view, {batch}, op, "context_lens");
+  const int32_t* context_lens = static_cast<const int32_t*>(context_lens_view.data);
   const int64_t capacity = max_blocks * block_size;
   int64_t total = 0;
   for (int64_t b = 0; b < batch; ++b) {
@@ -101,15 +131,24 @@ int64_t kv_cache_gather_rows(const int32_t* context_lens, int64_t batch, int64_t
   return total;
 }
 
-void kv_cache_gather(void* out, int64_t out_rows, const void* cache, int64_t num_blocks, int64_t block_size,
-                     int64_t row_bytes, const int32_t* block_table, int64_t batch, int64_t max_blocks,
-                     int64_t block_table_row_stride, const int32_t* context_lens, int num_threads) {
+void kv_cache_gather(const View& out, const DenseIn& cache, const RowsIn& block_table_view,
+                     const DenseIn& context_lens_view, int num_threads) {
   const char* op = "kv_cache_gather";
-  require(num_blocks >= 0, op, "cache", "num_blocks >= 0", str(num_blocks));
-  require(row_bytes >= 0, op, "cache", "a row size >= 0", str(row_bytes));
-  require(block_table_row_stride >= 0, op, "block_table", "a row stride >= 0", str(block_table_row_stride));
-  const int64_t total = kv_cache_gather_rows(context_lens, batch, max_blocks, block_size);
-  require(out_rows == total, op, "out", "sum(context_lens) = " + str(total) + " rows", str(out_rows));
+  require_ndim(cache, 3, op, "cache");
+  require_contiguous(cache, op, "cache");
+  const int64_t num_blocks = cache.size[0], block_size = cache.size[1], dim = cache.size[2];
+  const int64_t es = dtype_bytes(cache.dtype), row_bytes = dim * es;
+  GLM5_REQUIRE(es > 0, op, "cache", "a dtype of the glm5::DType enum", dtype_name(cache.dtype));
+  const int64_t total = kv_cache_gather_rows(cache, block_table_view, context_lens_view);
+  const Rows bt = rows_of(block_table_view, op, "block_table");
+  GLM5_REQUIRE(bt.row_stride >= 0, op, "block_table", "a row stride >= 0", str(bt.row_stride));
+  require_ndim(out, 2, op, "out");
+  GLM5_REQUIRE(out.size[0] == total, op, "out", "sum(context_lens) = " + str(total) + " rows", str(out.size[0]));
+  require_dense(out, {total, dim}, op, "out");
+  require_dtype_of(out, cache, op, "out", "cache");
+  const int64_t batch = bt.rows, block_table_row_stride = bt.row_stride;
+  const int32_t* block_table = static_cast<const int32_t*>(bt.data);
+  const int32_t* context_lens = static_cast<const int32_t*>(context_lens_view.data);
   // One chunk per block in use: up to block_size contiguous cache rows to contiguous output rows.
   struct Chunk { int64_t out_row, block, rows; };
   std::vector<Chunk> chunks;
@@ -130,8 +169,8 @@ void kv_cache_gather(void* out, int64_t out_rows, const void* cache, int64_t num
     }
   }
   if (total == 0 || row_bytes == 0) return;
-  const char* cb = static_cast<const char*>(cache);
-  char* ob = static_cast<char*>(out);
+  const char* cb = static_cast<const char*>(cache.data);
+  char* ob = static_cast<char*>(out.data);
   advise_fresh_output(ob, total * row_bytes);
   const int64_t nchunks = static_cast<int64_t>(chunks.size());
   const int nt = threads_for(total * row_bytes / 2, num_threads);

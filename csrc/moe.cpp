@@ -52,33 +52,47 @@ void top_indices(const float* v, int64_t n, int64_t k, float* best, int32_t* out
 
 }  // namespace
 
-void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dtype, int64_t tokens, int64_t experts,
-               int64_t logits_row_stride, const void* bias, DType bias_dtype, int64_t top_k, int64_t n_group,
+void moe_route(const View& weights_out, const View& ids_out, const RowsIn& logits, const DenseIn* bias, int64_t n_group,
                int64_t topk_group, float routed_scaling_factor, bool norm_topk_prob, bool softmax, int num_threads) {
   const char* op = "moe_route";
-  require(tokens >= 0, op, "logits", "T >= 0", str(tokens));
-  require(experts >= 1 && experts <= kMaxInt32, op, "logits", "E in [1, 2^31 - 1]", str(experts));
-  require(logits_row_stride >= 0, op, "logits", "a row stride >= 0", str(logits_row_stride));
-  require_float(logits_dtype, op, "logits");
-  if (bias) require_float(bias_dtype, op, "bias");
-  require(n_group >= 1 && experts % n_group == 0, op, "n_group", "a divisor of the expert count " + str(experts),
-          str(n_group));
-  require(topk_group >= 1 && topk_group <= n_group, op, "topk_group", "an int in [1, n_group=" + str(n_group) + "]",
-          str(topk_group));
+  require_float(logits.dtype, op, "logits");
+  require_ndim(logits, 2, op, "logits");
+  const Rows lg = rows_of(logits, op, "logits");
+  const int64_t tokens = lg.rows, experts = lg.cols, logits_row_stride = lg.row_stride;
+  GLM5_REQUIRE(experts >= 1 && experts <= kMaxInt32, op, "logits", "E in [1, 2^31 - 1]", str(experts));
+  GLM5_REQUIRE(logits_row_stride >= 0, op, "logits", "a row stride >= 0", str(logits_row_stride));
+  if (bias) {
+    require_float(bias->dtype, op, "bias");
+    require_dense(*bias, {experts}, op, "bias");
+  }
+  GLM5_REQUIRE(n_group >= 1 && experts % n_group == 0, op, "n_group", "a divisor of the expert count " + str(experts),
+               str(n_group));
+  GLM5_REQUIRE(topk_group >= 1 && topk_group <= n_group, op, "topk_group", "an int in [1, n_group=" + str(n_group) + "]",
+               str(topk_group));
   const int64_t per_group = experts / n_group;
-  require(top_k >= 1 && top_k <= topk_group * per_group, op, "top_k",
-          "an int in [1, " + str(topk_group * per_group) + "] (topk_group * experts per group)", str(top_k));
-  require(std::isfinite(routed_scaling_factor), op, "routed_scaling_factor", "a finite number",
-          std::to_string(routed_scaling_factor));
+  require_ndim(ids_out, 2, op, "ids");
+  const int64_t top_k = ids_out.size[1];
+  GLM5_REQUIRE(top_k >= 1 && top_k <= topk_group * per_group, op, "top_k",
+               "an int in [1, " + str(topk_group * per_group) + "] (topk_group * experts per group)", str(top_k));
+  GLM5_REQUIRE(std::isfinite(routed_scaling_factor), op, "routed_scaling_factor", "a finite number",
+               std::to_string(routed_scaling_factor));
+  require_dtype(ids_out, DType::I32, op, "ids");
+  require_dense(ids_out, {tokens, top_k}, op, "ids");
+  require_dtype(weights_out, DType::F32, op, "weights");
+  require_dense(weights_out, {tokens, top_k}, op, "weights");
+  const DType logits_dtype = logits.dtype;
+  const DType bias_dtype = bias ? bias->dtype : DType::F32;
+  float* weights = static_cast<float*>(weights_out.data);
+  int32_t* ids = static_cast<int32_t*>(ids_out.data);
   if (tokens == 0) return;
   const vec::Kernels& K = vec::kernels();
   std::vector<float> bias_f;
   if (bias) {
     bias_f.resize(static_cast<size_t>(experts));
-    K.load(bias_dtype, bias, experts, bias_f.data());
+    K.load(bias_dtype, bias->data, experts, bias_f.data());
   }
   const int64_t es = dtype_bytes(logits_dtype);
-  const char* lb = static_cast<const char*>(logits);
+  const char* lb = static_cast<const char*>(lg.data);
   const int nt = threads_for(tokens * experts * 16, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -129,15 +143,26 @@ void moe_route(float* weights, int32_t* ids, const void* logits, DType logits_dt
   }
 }
 
-int64_t moe_permute_plan(int32_t* tokens_per_expert, int32_t* src, const int32_t* ids, int64_t tokens,
-                         int64_t k, int64_t ids_row_stride, int64_t num_experts) {
+int64_t moe_permute_plan(const View& tokens_per_expert_out, const View& src_out, const RowsIn& ids_view) {
   const char* op = "moe_permute";
-  require(tokens >= 0, op, "ids", "T >= 0", str(tokens));
-  require(k >= 1, op, "ids", "shape [T, k] with k >= 1", "k = " + str(k));
-  require(ids_row_stride >= 0, op, "ids", "a row stride >= 0", str(ids_row_stride));
-  require(tokens * k <= kMaxInt32, op, "ids", "T * k <= 2^31 - 1 (int32 flat indices)", str(tokens * k));
-  require(num_experts >= 1 && num_experts <= kMaxInt32, op, "num_experts", "an int in [1, 2^31 - 1]",
-          str(num_experts));
+  require_dtype(ids_view, DType::I32, op, "ids");
+  require_ndim(ids_view, 2, op, "ids");
+  const Rows id = rows_of(ids_view, op, "ids");
+  const int64_t tokens = id.rows, k = id.cols, ids_row_stride = id.row_stride;
+  GLM5_REQUIRE(k >= 1, op, "ids", "shape [T, k] with k >= 1", "k = " + str(k));
+  GLM5_REQUIRE(ids_row_stride >= 0, op, "ids", "a row stride >= 0", str(ids_row_stride));
+  GLM5_REQUIRE(tokens * k <= kMaxInt32, op, "ids", "T * k <= 2^31 - 1 (int32 flat indices)", str(tokens * k));
+  require_ndim(tokens_per_expert_out, 1, op, "tokens_per_expert");
+  const int64_t num_experts = tokens_per_expert_out.size[0];
+  GLM5_REQUIRE(num_experts >= 1 && num_experts <= kMaxInt32, op, "num_experts", "an int in [1, 2^31 - 1]",
+               str(num_experts));
+  require_dtype(tokens_per_expert_out, DType::I32, op, "tokens_per_expert");
+  require_dense(tokens_per_expert_out, {num_experts}, op, "tokens_per_expert");
+  require_dtype(src_out, DType::I32, op, "src");
+  require_dense(src_out, {tokens * k}, op, "src");
+  const int32_t* ids = static_cast<const int32_t*>(id.data);
+  int32_t* tokens_per_expert = static_cast<int32_t*>(tokens_per_expert_out.data);
+  int32_t* src = static_cast<int32_t*>(src_out.data);
   // Counting sort by expert: one pass to count, one to place (stable, so ascending flat
   // index within an expert). Offsets in int64: counts of one expert can reach T * k.
   std::vector<int64_t> offset(static_cast<size_t>(num_experts) + 1, 0);
@@ -163,18 +188,28 @@ int64_t moe_permute_plan(int32_t* tokens_per_expert, int32_t* src, const int32_t
   return rows;
 }
 
-void moe_permute_gather(void* x_perm, const void* x, int64_t tokens, int64_t row_bytes,
-                        int64_t x_row_stride_bytes, const int32_t* src, int64_t rows, int64_t k,
-                        int num_threads) {
+void moe_permute_gather(const View& x_perm, const RowsIn& x, const DenseIn& src_view, int64_t k, int num_threads) {
   const char* op = "moe_permute";
-  require(tokens >= 0 && rows >= 0, op, "x", "T >= 0 and M >= 0", str(tokens) + ", " + str(rows));
-  require(k >= 1, op, "ids", "k >= 1", str(k));
-  require(row_bytes >= 0, op, "x", "a row size >= 0", str(row_bytes));
-  require(x_row_stride_bytes >= 0, op, "x", "a row stride >= 0", str(x_row_stride_bytes));
+  require_ndim(x, 2, op, "x");
+  const Rows xr = rows_of(x, op, "x");
+  const int64_t tokens = xr.rows, dim = xr.cols, es = dtype_bytes(x.dtype);
+  GLM5_REQUIRE(es > 0, op, "x", "a dtype of the glm5::DType enum", dtype_name(x.dtype));
+  GLM5_REQUIRE(xr.row_stride >= 0, op, "x", "a row stride >= 0", str(xr.row_stride));
+  GLM5_REQUIRE(k >= 1, op, "ids", "k >= 1", str(k));
+  require_ndim(x_perm, 2, op, "x_perm");
+  const int64_t rows = x_perm.size[0];
+  require_dense(x_perm, {rows, dim}, op, "x_perm");
+  require_dtype_of(x_perm, x, op, "x_perm", "x");
+  require_dtype(src_view, DType::I32, op, "src");
+  require_ndim(src_view, 1, op, "src");
+  GLM5_REQUIRE(src_view.size[0] >= rows, op, "src", "at least M = " + str(rows) + " entries", str(src_view.size[0]));
+  require_dense(src_view, {src_view.size[0]}, op, "src");
+  const int32_t* src = static_cast<const int32_t*>(src_view.data);
+  const int64_t row_bytes = dim * es, x_row_stride_bytes = xr.row_stride * es;
   check_src(op, src, rows, tokens * k);
   if (rows == 0 || row_bytes == 0) return;
-  const char* xb = static_cast<const char*>(x);
-  char* ob = static_cast<char*>(x_perm);
+  const char* xb = static_cast<const char*>(xr.data);
+  char* ob = static_cast<char*>(x_perm.data);
   advise_fresh_output(ob, rows * row_bytes);
   const int nt = threads_for(rows * row_bytes / 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -182,16 +217,27 @@ void moe_permute_gather(void* x_perm, const void* x, int64_t tokens, int64_t row
     std::memcpy(ob + r * row_bytes, xb + (src[r] / k) * x_row_stride_bytes, static_cast<size_t>(row_bytes));
 }
 
-void moe_unpermute(void* out, const void* y, int64_t rows, int64_t dim, int64_t y_row_stride,
-                   const int32_t* src, const float* weights, int64_t tokens, int64_t k, DType dtype,
+void moe_unpermute(const View& out, const RowsIn& y, const DenseIn& src_view, const DenseIn& weights_view,
                    int num_threads) {
   const char* op = "moe_unpermute";
-  require(tokens >= 0 && rows >= 0, op, "y", "T >= 0 and M >= 0", str(tokens) + ", " + str(rows));
-  require(k >= 1, op, "weights", "shape [T, k] with k >= 1", "k = " + str(k));
-  require(dim >= 0, op, "y", "a row width >= 0", str(dim));
-  require(y_row_stride >= 0, op, "y", "a row stride >= 0", str(y_row_stride));
-  require(tokens * k <= kMaxInt32, op, "weights", "T * k <= 2^31 - 1 (int32 flat indices)", str(tokens * k));
-  require_float(dtype, op, "y");
+  require_float(y.dtype, op, "y");
+  require_ndim(y, 2, op, "y");
+  const Rows yr = rows_of(y, op, "y");
+  const int64_t rows = yr.rows, dim = yr.cols, y_row_stride = yr.row_stride;
+  GLM5_REQUIRE(y_row_stride >= 0, op, "y", "a row stride >= 0", str(y_row_stride));
+  require_dtype(weights_view, DType::F32, op, "weights");
+  require_ndim(weights_view, 2, op, "weights");
+  const int64_t tokens = weights_view.size[0], k = weights_view.size[1];
+  GLM5_REQUIRE(k >= 1, op, "weights", "shape [T, k] with k >= 1", "k = " + str(k));
+  require_dense(weights_view, {tokens, k}, op, "weights");
+  GLM5_REQUIRE(tokens * k <= kMaxInt32, op, "weights", "T * k <= 2^31 - 1 (int32 flat indices)", str(tokens * k));
+  require_dtype(src_view, DType::I32, op, "src");
+  require_dense(src_view, {rows}, op, "src");
+  require_dtype_of(out, y, op, "out", "y");
+  require_dense(out, {tokens, dim}, op, "out");
+  const DType dtype = y.dtype;
+  const int32_t* src = static_cast<const int32_t*>(src_view.data);
+  const float* weights = static_cast<const float*>(weights_view.data);
   check_src(op, src, rows, tokens * k);
   if (tokens == 0 || dim == 0) return;
   // Rows by slot t*k + j (counting sort, stable in row order): start[s]..start[s+1].
@@ -208,8 +254,8 @@ void moe_unpermute(void* out, const void* y, int64_t rows, int64_t dim, int64_t 
   for (int64_t s = 0; s < slots && one_row_per_slot; ++s) one_row_per_slot = start[s + 1] - start[s] <= 1;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = dtype_bytes(dtype);
-  const char* yb = static_cast<const char*>(y);
-  char* ob = static_cast<char*>(out);
+  const char* yb = static_cast<const char*>(yr.data);
+  char* ob = static_cast<char*>(out.data);
   advise_fresh_output(ob, tokens * dim * es);
   const int nt = threads_for((rows + tokens) * dim, num_threads);
 #pragma omp parallel num_threads(nt)

@@ -14,19 +14,37 @@ float fp8_block_scale(float amax, bool ue8m0) {
   return s;
 }
 
-void fp8_block_quant(uint8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
-                     int64_t block, bool ue8m0, DType dtype, int num_threads) {
+namespace {
+
+// An output of `rows` rows of `cols` (a contiguous tensor of any leading dims) and dtype d.
+void require_rows_out(const View& v, int64_t rows, int64_t cols, DType d, const char* op, const char* arg) {
+  require_dtype(v, d, op, arg);
+  require_contiguous(v, op, arg);
+  const Rows r = rows_of(v, op, arg);
+  GLM5_REQUIRE(r.rows == rows && r.cols == cols, op, arg, str(rows) + " rows of " + str(cols), "shape " + shape_str(v));
+}
+
+}  // namespace
+
+void fp8_block_quant(const View& q_out, const View& scale_out, const RowsIn& x, int64_t block, bool ue8m0,
+                     int num_threads) {
   const char* op = "fp8_block_quant";
-  require(rows >= 0 && cols >= 0, op, "x", "sizes >= 0", str(rows) + ", " + str(cols));
-  require(block >= 1, op, "block", "an int >= 1", str(block));
-  require(cols % block == 0, op, "block", "a divisor of K = " + str(cols), str(block));
-  require(x_row_stride >= 0, op, "x", "a row stride >= 0", str(x_row_stride));
-  require_float(dtype, op, "x");
+  const Rows xr = rows_of(x, op, "x");
+  const int64_t rows = xr.rows, cols = xr.cols, x_row_stride = xr.row_stride;
+  GLM5_REQUIRE(block >= 1, op, "block", "an int >= 1", str(block));
+  GLM5_REQUIRE(cols % block == 0, op, "block", "a divisor of K = " + str(cols), str(block));
+  GLM5_REQUIRE(x_row_stride >= 0, op, "x", "a row stride >= 0", str(x_row_stride));
+  require_float(x.dtype, op, "x");
+  require_rows_out(q_out, rows, cols, DType::F8E4M3, op, "q");
+  require_rows_out(scale_out, rows, cols / block, DType::F32, op, "scale");
+  const DType dtype = x.dtype;
+  uint8_t* q = static_cast<uint8_t*>(q_out.data);
+  float* scale = static_cast<float*>(scale_out.data);
   if (rows == 0 || cols == 0) return;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = dtype_bytes(dtype);
   const int64_t blocks = cols / block;
-  const char* xb = static_cast<const char*>(x);
+  const char* xb = static_cast<const char*>(xr.data);
   advise_fresh_output(q, rows * cols);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -61,22 +79,39 @@ inline int32_t int4_level(float v) {
 
 }  // namespace
 
-void int4_quantize(void* fake, int32_t* packed, float* scale, const void* w, int64_t rows, int64_t cols,
-                   int64_t w_row_stride, int64_t group, DType dtype, int num_threads) {
-  const char* op = packed ? "int4_pack" : "int4_fake_quant";
-  require(rows >= 0 && cols >= 0, op, "w", "sizes >= 0", str(rows) + ", " + str(cols));
-  require(group >= 1, op, "group_size", "an int >= 1", str(group));
-  require(cols % group == 0, op, "group_size", "a divisor of K = " + str(cols), str(group));
-  require(!packed || cols % 8 == 0, op, "w", "a last dim K divisible by 8 (nibbles per int32 word)", str(cols));
-  require(w_row_stride >= 0, op, "w", "a row stride >= 0", str(w_row_stride));
-  require_float(dtype, op, "w");
+void int4_quantize(const View* fake_out, const View* packed_out, const View* scale_out, const RowsIn& w, int64_t group,
+                   int num_threads) {
+  const char* op = packed_out ? "int4_pack" : "int4_fake_quant";
+  require_ndim(w, 2, op, "w");
+  const Rows wr = rows_of(w, op, "w");
+  const int64_t rows = wr.rows, cols = wr.cols, w_row_stride = wr.row_stride;
+  GLM5_REQUIRE(group >= 1, op, "group_size", "an int >= 1", str(group));
+  GLM5_REQUIRE(cols % group == 0, op, "group_size", "a divisor of K = " + str(cols), str(group));
+  GLM5_REQUIRE(!packed_out || cols % 8 == 0, op, "w", "a last dim K divisible by 8 (nibbles per int32 word)", str(cols));
+  GLM5_REQUIRE(w_row_stride >= 0, op, "w", "a row stride >= 0", str(w_row_stride));
+  require_float(w.dtype, op, "w");
   if (rows == 0 || cols == 0) return;
-  require(fake || packed || scale, op, "out", "at least one output", "none");
+  GLM5_REQUIRE(fake_out || packed_out || scale_out, op, "out", "at least one output", "none");
+  if (fake_out) {
+    require_dtype_of(*fake_out, w, op, "out", "w");
+    require_dense(*fake_out, {rows, cols}, op, "out");
+  }
+  if (packed_out) {
+    require_dtype(*packed_out, DType::I32, op, "packed");
+    require_dense(*packed_out, {rows, cols / 8}, op, "packed");
+  }
+  if (scale_out) {
+    require_dtype(*scale_out, DType::F32, op, "scale");
+    require_dense(*scale_out, {rows, cols / group}, op, "scale");
+  }
+  const DType dtype = w.dtype;
+  int32_t* packed = packed_out ? static_cast<int32_t*>(packed_out->data) : nullptr;
+  float* scale = scale_out ? static_cast<float*>(scale_out->data) : nullptr;
   const vec::Kernels& K = vec::kernels();
   const int64_t es = dtype_bytes(dtype);
   const int64_t groups = cols / group;
-  const char* wb = static_cast<const char*>(w);
-  char* fb = static_cast<char*>(fake);
+  const char* wb = static_cast<const char*>(wr.data);
+  char* fb = fake_out ? static_cast<char*>(fake_out->data) : nullptr;
   if (fb) advise_fresh_output(fb, rows * cols * es);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -110,14 +145,24 @@ void int4_quantize(void* fake, int32_t* packed, float* scale, const void* w, int
   }
 }
 
-void int4_unpack(float* out, const int32_t* packed, const float* scale, int64_t rows, int64_t words,
-                 int64_t packed_row_stride, int64_t group, int num_threads) {
+void int4_unpack(const View& out_view, const RowsIn& packed_view, const DenseIn& scale_view, int64_t group,
+                 int num_threads) {
   const char* op = "int4_unpack";
-  require(rows >= 0 && words >= 0, op, "packed", "sizes >= 0", str(rows) + ", " + str(words));
-  require(group >= 1, op, "group_size", "an int >= 1", str(group));
+  require_dtype(packed_view, DType::I32, op, "packed");
+  require_ndim(packed_view, 2, op, "packed");
+  const Rows pk = rows_of(packed_view, op, "packed");
+  const int64_t rows = pk.rows, words = pk.cols, packed_row_stride = pk.row_stride;
+  GLM5_REQUIRE(group >= 1, op, "group_size", "an int >= 1", str(group));
   const int64_t cols = 8 * words;
-  require(cols % group == 0, op, "group_size", "a divisor of K = " + str(cols) + " (8 * packed.shape[1])", str(group));
-  require(packed_row_stride >= 0, op, "packed", "a row stride >= 0", str(packed_row_stride));
+  GLM5_REQUIRE(cols % group == 0, op, "group_size", "a divisor of K = " + str(cols) + " (8 * packed.shape[1])", str(group));
+  GLM5_REQUIRE(packed_row_stride >= 0, op, "packed", "a row stride >= 0", str(packed_row_stride));
+  require_dtype(scale_view, DType::F32, op, "scale");
+  require_dense(scale_view, {rows, cols / group}, op, "scale");
+  require_dtype(out_view, DType::F32, op, "out");
+  require_dense(out_view, {rows, cols}, op, "out");
+  const int32_t* packed = static_cast<const int32_t*>(pk.data);
+  const float* scale = static_cast<const float*>(scale_view.data);
+  float* out = static_cast<float*>(out_view.data);
   if (rows == 0 || cols == 0) return;
   const int64_t groups = cols / group;
   advise_fresh_output(out, rows * cols * 4);
@@ -140,17 +185,24 @@ void int4_unpack(float* out, const int32_t* packed, const float* scale, int64_t 
   }
 }
 
-void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
-                DType dtype, int num_threads) {
+void int8_quant(const View& q_out, const View& scale_out, const RowsIn& x, int num_threads) {
   const char* op = "int8_quant";
-  require(rows >= 0, op, "x", "rows >= 0", str(rows));
-  require(cols >= 1, op, "x", "a last dim K >= 1 (a row to take the maximum of)", str(cols));
-  require(x_row_stride >= 0, op, "x", "a row stride >= 0", str(x_row_stride));
-  require_float(dtype, op, "x");
+  const Rows xr = rows_of(x, op, "x");
+  const int64_t rows = xr.rows, cols = xr.cols;
+  GLM5_REQUIRE(cols >= 1, op, "x", "a last dim K >= 1 (a row to take the maximum of)", str(cols));
+  GLM5_REQUIRE(xr.row_stride >= 0, op, "x", "a row stride >= 0", str(xr.row_stride));
+  require_float(x.dtype, op, "x");
+  require_rows_out(q_out, rows, cols, DType::I8, op, "q");
+  require_dtype(scale_out, DType::F32, op, "scale");
+  require_contiguous(scale_out, op, "scale");
+  GLM5_REQUIRE(scale_out.numel() == rows, op, "scale", str(rows) + " elements", "shape " + shape_str(scale_out));
   if (rows == 0) return;
+  int8_t* q = static_cast<int8_t*>(q_out.data);
+  float* scale = static_cast<float*>(scale_out.data);
   const vec::Kernels& K = vec::kernels();
+  const DType dtype = x.dtype;
   const int64_t es = dtype_bytes(dtype);
-  const char* xb = static_cast<const char*>(x);
+  const char* xb = static_cast<const char*>(xr.data);
   advise_fresh_output(q, rows * cols);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -158,7 +210,7 @@ void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t co
     std::vector<float> buf(static_cast<size_t>(cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      K.load(dtype, xb + r * x_row_stride * es, cols, buf.data());
+      K.load(dtype, xb + r * xr.row_stride * es, cols, buf.data());
       const float s = K.abs_max(buf.data(), cols) / 127.0f;
       scale[r] = s;
       if (s == 0.0f) std::memset(q + r * cols, 0, static_cast<size_t>(cols));

@@ -69,3 +69,11 @@ def cpu_impl(op: str):
 def chosen(op: str, *args) -> str:
     with hal.use("cpu"):
         return hal.explain(op, *args).chosen
+
+
+def native_view(t: torch.Tensor, size=None, stride=None, dtype: int | None = None):
+    """The glm5_hal._C.View a kernel receives for `t`, with any of size, stride and dtype (a
+    glm5::DType code) replaced: geometry no tensor has, for the native checks' tests."""
+    v = _C.View(t)
+    return _C.View(data=v.data, dtype=v.dtype if dtype is None else dtype, size=v.size if size is None else size,
+                   stride=v.stride if stride is None else stride)

@@ -125,19 +125,25 @@ def test_dispatch_section_rows():
     assert "overhead us" in dispatch.format_rows(rows)
 
 
-def test_dsa_vs_dense_sweep_on_small_contexts(tmp_path):
-    rows = dsa_vs_dense.sweep((256, 512), batch=1, repeats=1, min_time=0.001)
+@pytest.fixture(scope="module")
+def small_sweep():
+    return dsa_vs_dense.sweep((256, 512), batch=1, repeats=1, min_time=0.001)
+
+
+def test_dsa_vs_dense_sweep_on_small_contexts(small_sweep):
+    rows = small_sweep
     assert [r["context"] for r in rows] == [256, 512]
     for r in rows:
         assert r["dsa_ms"] == pytest.approx(r["indexer_ms"] + r["sparse_ms"])
         assert r["dense_over_dsa"] > 0
     assert "dense/DSA" in dsa_vs_dense.format_header() and "256" in dsa_vs_dense.format_row(rows[0])
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return
+
+
+def test_dsa_vs_dense_plot(small_sweep, tmp_path):
+    """Needs the plot extra (matplotlib), which CI installs (requirements/cpu.txt)."""
+    pytest.importorskip("matplotlib")
     png = tmp_path / "sweep.png"
-    dsa_vs_dense.plot(rows, str(png))
+    dsa_vs_dense.plot(small_sweep, str(png))
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 import glm5_hal as hal
 from glm5_hal import InvalidInputError
 
-from cpu_helpers import FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, reference, tier  # noqa: F401
+from cpu_helpers import (FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, native_view,  # noqa: F401
+                         reference, tier)
 
 ODD_WIDTHS = (1, 3, 17, 64, 129, 300)
 
@@ -149,21 +150,24 @@ def test_native_checks_reject_bad_arguments():
     from glm5_hal import _C
     x = torch.randn(4, 8)
     out = torch.full((4, 8), 7.0)
+    w, pos = x[0], torch.arange(4)
+    v = native_view
     calls = [
-        lambda: _C.rms_norm(out.data_ptr(), x.data_ptr(), x.data_ptr(), -1, 8, 8, 8, 1e-5, 0, 0, 1),   # rows < 0
-        lambda: _C.rms_norm(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 0, 8, 8, 1e-5, 0, 0, 1),    # dim 0
-        lambda: _C.rms_norm(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 8, 8, 4, 1e-5, 0, 0, 1),    # out rows overlap
-        lambda: _C.rms_norm(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 8, 8, 8, 1e-5, 9, 0, 1),    # dtype code
-        lambda: _C.rms_norm(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 8, 8, 8, -1.0, 0, 0, 1),    # eps < 0
-        lambda: _C.silu_and_mul(out.data_ptr(), x.data_ptr(), 4, 0, 8, 4, 0, 1),                        # n = 0
-        lambda: _C.silu_and_mul(out.data_ptr(), x.data_ptr(), 4, 4, -8, 4, 0, 1),                       # stride < 0
-        lambda: _C.silu_and_mul(out.data_ptr(), x.data_ptr(), 4, 4, 8, 4, 4, 1),                        # int dtype
-        lambda: _C.hadamard_transform(out.data_ptr(), x.data_ptr(), 4, 6, 8, 8, 1.0, 0, 1),            # not 2^k
-        lambda: _C.hadamard_transform(out.data_ptr(), x.data_ptr(), 4, 8, 8, 8, float("inf"), 0, 1),   # scale
-        lambda: _C.apply_rope(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 4, 1, 7, 8, 8, 8, 8, 1e4, True, 0, 1),
-        lambda: _C.apply_rope(out.data_ptr(), x.data_ptr(), x.data_ptr(), 0, 4, 1, 8, 8, 8, 8, 8, 1e4, True, 0, 1),
-        lambda: _C.apply_rope(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 4, 1, 8, 8, 8, 8, 8, 0.0, True, 0, 1),
-        lambda: _C.apply_rope(out.data_ptr(), x.data_ptr(), x.data_ptr(), 4, 4, 2, 4, 8, 4, 4, 4, 1e4, True, 0, 1),
+        lambda: _C.rms_norm(out, v(x, size=(-1, 8)), w, 1e-5, 1),                                     # rows < 0
+        lambda: _C.rms_norm(out, v(x, size=(4, 0)), w, 1e-5, 1),                                      # dim 0
+        lambda: _C.rms_norm(v(out, stride=(4, 1)), x, w, 1e-5, 1),                                    # out rows overlap
+        lambda: _C.rms_norm(out, v(x, dtype=9), w, 1e-5, 1),                                          # dtype code
+        lambda: _C.rms_norm(out, x, w, -1.0, 1),                                                      # eps < 0
+        lambda: _C.silu_and_mul(v(out, size=(4, 0)), v(x, size=(4, 0)), 1),                          # n = 0
+        lambda: _C.silu_and_mul(v(out, size=(4, 4)), v(x, stride=(-8, 1)), 1),                       # stride < 0
+        lambda: _C.silu_and_mul(v(out, size=(4, 4)), v(x, dtype=4), 1),                               # int dtype
+        lambda: _C.hadamard_transform(v(out, size=(4, 6)), v(x, size=(4, 6)), 1.0, 1),                # not 2^k
+        lambda: _C.hadamard_transform(out, x, float("inf"), 1),                                       # scale
+        lambda: _C.apply_rope(v(out, size=(4, 1, 7), stride=(8, 8, 1)), v(x, size=(4, 1, 7), stride=(8, 8, 1)),
+                              pos, 1e4, True, 1),                                                     # odd R
+        lambda: _C.apply_rope(out.view(4, 1, 8), x.view(4, 1, 8), v(pos, dtype=0), 1e4, True, 1),     # positions dtype
+        lambda: _C.apply_rope(out.view(4, 1, 8), x.view(4, 1, 8), pos, 0.0, True, 1),                 # theta
+        lambda: _C.apply_rope(v(out, size=(4, 2, 4), stride=(4, 4, 1)), x.view(4, 2, 4), pos, 1e4, True, 1),
     ]
     for call in calls:
         with pytest.raises(InvalidInputError):

@@ -35,6 +35,8 @@ from glm5_hal import _C
 from glm5_hal.backends.cpu import dsa as cpu_dsa
 from glm5_hal.reference import dsa as ref
 
+from cpu_helpers import native_view
+
 F32, F16, BF16, FP8 = torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn
 DTYPES = [F32, F16, BF16]
 BASE_TOL = {F32: (1.3e-6, 1e-5), F16: (1e-3, 1e-5), BF16: (1.6e-2, 1e-5)}
@@ -479,47 +481,42 @@ def test_public_ops_dispatch_to_cpu():
 
 
 # -- the native checks themselves -------------------------------------------------------------
-def _paged_call(q, cache, table, lens, **over):
-    """_C.sparse_mla_decode_paged with consistent arguments, any of which `over` replaces."""
-    out = torch.empty(q.shape[0], q.shape[1], q.shape[2], q.shape[3])
-    lse = torch.empty(q.shape[0], q.shape[1], q.shape[2])
-    idx = torch.zeros(q.shape[0], q.shape[1], 2, dtype=torch.int32)
-    a = dict(out=out.data_ptr(), lse=lse.data_ptr(), q=q.data_ptr(), qd=0, batch=q.shape[0], queries=q.shape[1],
-             heads=q.shape[2], dqk=q.shape[3], cache=cache.data_ptr(), cd=0, nb=cache.shape[0], bs=cache.shape[1],
-             block_stride=cache.stride(0), row_stride=cache.stride(1), table=table.data_ptr(),
-             max_blocks=table.shape[1], bt_stride=table.stride(0), lens=lens.data_ptr(), idx=idx.data_ptr(),
-             topk=2, scale=0.5, dv=q.shape[3], nt=1)
+def _paged_call(q, cache, table, lens, over=()):
+    """_C.sparse_mla_decode_paged with consistent arguments, any of which `over` (a dict) replaces."""
+    a = dict(out=torch.empty(q.shape), lse=torch.empty(q.shape[:3]), q=q, kv_cache=cache, block_table=table,
+             context_lens=lens, indices=torch.zeros(q.shape[0], q.shape[1], 2, dtype=torch.int32), sm_scale=0.5,
+             num_threads=1)
     a.update(over)
-    _C.sparse_mla_decode_paged(*a.values())
-    return out, lse
+    _C.sparse_mla_decode_paged(**a)
 
 
 def test_native_checks_reject_bad_indices_before_writing():
     q = torch.ones(2, 1, 3, 8)
     cache = torch.ones(3, 4, 8)
     table = torch.tensor([[0, -1], [2, 1]], dtype=torch.int32)
-    _paged_call(q, cache, table, torch.tensor([4, 8], dtype=torch.int32))  # consistent: fine
+    lens = torch.tensor([4, 8], dtype=torch.int32)
+    _paged_call(q, cache, table, lens)  # consistent: fine
+    out = torch.empty(2, 1, 3, 8)
+    v = native_view
     cases = [
-        (dict(lens=torch.tensor([4, 9], dtype=torch.int32)), "context_lens", "values in [0, 8]"),
-        (dict(lens=torch.tensor([-1, 0], dtype=torch.int32)), "context_lens", "values in [0, 8]"),
-        (dict(table=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)), "block_table", "block ids in [0, 3)"),
-        (dict(table=torch.tensor([[-1, 0], [2, 1]], dtype=torch.int32)), "block_table", "block ids in [0, 3)"),
-        (dict(over=dict(nb=2)), "block_table", "block ids in [0, 2)"),
-        (dict(over=dict(row_stride=7)), "kv_cache", "strides of non-overlapping rows"),
-        (dict(over=dict(dv=9)), "d_v", "[1, 8]"),
-        (dict(over=dict(scale=float("nan"))), "sm_scale", "finite"),
-        (dict(over=dict(qd=7)), "q", "dtype float32, float16 or bfloat16"),
-        (dict(over=dict(cd=2)), "kv_cache", "dtype float32"),
-        (dict(over=dict(topk=0)), "indices", "topk >= 1"),
-        (dict(over=dict(bs=0)), "kv_cache", "block_size >= 1"),
-        (dict(over=dict(max_blocks=3)), "block_table", "a row stride >= max_blocks"),
+        (dict(context_lens=torch.tensor([4, 9], dtype=torch.int32)), "context_lens", "values in [0, 8]"),
+        (dict(context_lens=torch.tensor([-1, 0], dtype=torch.int32)), "context_lens", "values in [0, 8]"),
+        (dict(block_table=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)), "block_table", "block ids in [0, 3)"),
+        (dict(block_table=torch.tensor([[-1, 0], [2, 1]], dtype=torch.int32)), "block_table", "block ids in [0, 3)"),
+        (dict(kv_cache=v(cache, size=(2, 4, 8))), "block_table", "block ids in [0, 2)"),
+        (dict(kv_cache=v(cache, stride=(32, 7, 1))), "kv_cache", "strides of non-overlapping rows"),
+        (dict(out=v(out, size=(2, 1, 3, 9), stride=(27, 27, 9, 1))), "d_v", "[1, 8]"),
+        (dict(sm_scale=float("nan")), "sm_scale", "finite"),
+        (dict(q=v(q, dtype=7)), "q", "dtype float32, float16 or bfloat16"),
+        (dict(kv_cache=v(cache, dtype=2)), "kv_cache", "dtype float32"),
+        (dict(indices=torch.zeros(2, 1, 0, dtype=torch.int32)), "indices", "topk >= 1"),
+        (dict(kv_cache=v(cache, size=(3, 0, 8))), "kv_cache", "block_size >= 1"),
+        (dict(block_table=v(table, size=(2, 3))), "block_table", "a row stride >= max_blocks"),
     ]
-    for change, arg, expected in cases:
-        lens = change.get("lens", torch.tensor([4, 8], dtype=torch.int32))
-        tab = change.get("table", table)
-        out = torch.full((2, 1, 3, 8), 7.0)
+    for over, arg, expected in cases:
+        out.fill_(7.0)
         with pytest.raises(hal.InvalidInputError) as info:
-            _paged_call(q, cache, tab, lens, out=out.data_ptr(), **change.get("over", {}))
+            _paged_call(q, cache, table, lens, {"out": out, **over})
         assert info.value.op == "sparse_mla_decode_paged" and info.value.arg == arg, str(info.value)
         assert expected in str(info.value) and info.value.backend == "cpu"
         assert torch.all(out == 7.0), "written before the error"
@@ -529,17 +526,20 @@ def test_native_checks_reject_bad_key_ranges():
     q, k, w = torch.ones(2, 3, 8), torch.ones(10, 8), torch.ones(2, 3)
     out = torch.full((2, 4), 7, dtype=torch.int32)
 
-    def call(ks, ke, rows=10, row_stride=8, kd=0, scale=0, topk=4):
+    def call(ks, ke, k=k, out=out):
         ks, ke = torch.tensor(ks, dtype=torch.int32), torch.tensor(ke, dtype=torch.int32)
-        _C.indexer_topk(out.data_ptr(), topk, q.data_ptr(), 0, 2, 3, 8, k.data_ptr(), kd, rows, row_stride, scale,
-                        1, w.data_ptr(), ks.data_ptr(), ke.data_ptr(), 1)
+        _C.indexer_topk(out, q, k, None, w, ks, ke, 1)
 
     call([0, 2], [10, 5])
     out.fill_(7)
+    v = native_view
     for kwargs, arg in [(dict(ks=[0, 2], ke=[11, 5]), "k_end"), (dict(ks=[0, 6], ke=[10, 5]), "k_start"),
-                        (dict(ks=[-1, 0], ke=[10, 5]), "k_start"), (dict(ks=[0, 0], ke=[10, 5], rows=9), "k_end"),
-                        (dict(ks=[0, 0], ke=[1, 1], row_stride=7), "k"), (dict(ks=[0, 0], ke=[1, 1], kd=2), "k"),
-                        (dict(ks=[0, 0], ke=[1, 1], kd=3), "k_scale"), (dict(ks=[0, 0], ke=[1, 1], topk=0), "topk")]:
+                        (dict(ks=[-1, 0], ke=[10, 5]), "k_start"),
+                        (dict(ks=[0, 0], ke=[10, 5], k=v(k, size=(9, 8))), "k_end"),
+                        (dict(ks=[0, 0], ke=[1, 1], k=v(k, stride=(7, 1))), "k"),
+                        (dict(ks=[0, 0], ke=[1, 1], k=v(k, dtype=2)), "k"),
+                        (dict(ks=[0, 0], ke=[1, 1], k=v(k, dtype=3)), "k_scale"),
+                        (dict(ks=[0, 0], ke=[1, 1], out=v(out, size=(2, 0))), "topk")]:
         with pytest.raises(hal.InvalidInputError) as info:
             call(**kwargs)
         assert info.value.op == "indexer_topk" and info.value.arg == arg, str(info.value)
@@ -565,21 +565,15 @@ def test_fuzz_native_paging_values(batch, queries, block_size, num_blocks, max_b
         (in_use & ((table < 0) | (table >= num_blocks))).any())
     dim, heads, topk = 8, 2, 3
     cache = torch.randn(num_blocks, block_size, dim)
-    scale = torch.rand(num_blocks, block_size)
     q, w = torch.randn(batch, queries, heads, dim), torch.randn(batch, queries, heads)
     indices = torch.randint(-2, capacity + 3, (batch, queries, topk), dtype=torch.int32)
     out = torch.empty(batch, queries, heads, dim)
     lse = torch.empty(batch, queries, heads)
     top = torch.empty(batch, queries, topk, dtype=torch.int32)
-    paging = (table.data_ptr(), max_blocks, max_blocks, lens.data_ptr())
-    geometry = (cache.data_ptr(), 0, num_blocks, block_size, block_size * dim, dim)
     calls = [
-        lambda: _C.sparse_mla_decode_paged(out.data_ptr(), lse.data_ptr(), q.data_ptr(), 0, batch, queries, heads, dim,
-                                           *geometry, *paging, indices.data_ptr(), topk, 0.3, dim, 2),
-        lambda: _C.dense_mla_decode_paged(out.data_ptr(), lse.data_ptr(), q.data_ptr(), 0, batch, queries, heads, dim,
-                                          *geometry, *paging, 0.3, dim, 2),
-        lambda: _C.indexer_topk_paged(top.data_ptr(), topk, q.data_ptr(), 0, batch, queries, heads, dim, *geometry,
-                                      scale.data_ptr(), block_size, 1, w.data_ptr(), *paging, 2),
+        lambda: _C.sparse_mla_decode_paged(out, lse, q, cache, table, lens, indices, 0.3, 2),
+        lambda: _C.dense_mla_decode_paged(out, lse, q, cache, table, lens, 0.3, 2),
+        lambda: _C.indexer_topk_paged(top, q, cache, None, w, table, lens, 2),
     ]
     for call in calls:
         if valid:

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import glm5_hal as hal
 from glm5_hal import InvalidInputError, _C
 
-from cpu_helpers import FLOATS, TIERS, chosen, cpu_impl, gen, isa_limit, tier  # noqa: F401
+from cpu_helpers import FLOATS, TIERS, chosen, cpu_impl, gen, isa_limit, native_view, tier  # noqa: F401
 
 FP8 = torch.float8_e4m3fn
 CACHE_DTYPES = (*FLOATS, FP8)
@@ -101,19 +101,18 @@ def test_native_kv_write_rejects_bad_slots_before_writing():
         for sdt in (torch.int32, torch.int64):
             slots = torch.tensor(bad, dtype=sdt)
             with pytest.raises(InvalidInputError, match="slot_mapping"):
-                _C.kv_cache_write(cache.data_ptr(), 8, 32, values.data_ptr(), 32, 3, slots.data_ptr(),
-                                  5 if sdt == torch.int64 else 4, 1)
+                _C.kv_cache_write(cache, values, slots, 1)
             with pytest.raises(InvalidInputError):
                 cpu_impl("kv_cache_write")(cache, values, slots)
             assert (cache == 0).all()
     ok = torch.tensor([0, 1, 2], dtype=torch.int32)
-    for args in [(8, 32, values.data_ptr(), 32, 3, ok.data_ptr(), 0, 1),     # float code as slot dtype
-                 (8, -4, values.data_ptr(), 32, 3, ok.data_ptr(), 4, 1),     # row size < 0
-                 (8, 32, values.data_ptr(), -32, 3, ok.data_ptr(), 4, 1),    # stride < 0
-                 (2, 32, values.data_ptr(), 32, 3, ok.data_ptr(), 4, 1),     # fewer slots than used
-                 (8, 32, values.data_ptr(), 32, -1, ok.data_ptr(), 4, 1)]:   # T < 0
+    for args in [(cache, values, native_view(ok, dtype=0)),                   # float code as slot dtype
+                 (native_view(cache, size=(2, 4, -1)), values, ok),            # row size < 0
+                 (cache, native_view(values, stride=(-8, 1)), ok),             # stride < 0
+                 (native_view(cache, size=(1, 2, 8)), values, ok),             # fewer slots than used
+                 (cache, native_view(values, size=(-1, 8)), ok)]:              # T < 0
         with pytest.raises(InvalidInputError):
-            _C.kv_cache_write(cache.data_ptr(), *args)
+            _C.kv_cache_write(*args, 1)
         assert (cache == 0).all()
 
 
@@ -127,9 +126,10 @@ def test_native_indexer_write_rejects_bad_slots_before_writing():
             cpu_impl("indexer_k_cache_write")(k, kc, ks, slots, None)
         assert (kc.view(torch.uint8) == 0).all() and (ks == 0).all()
     ok = torch.tensor([0, 1], dtype=torch.int32)
-    for args in [(2, 0, 16, 0), (2, 16, -1, 0), (2, 16, 16, 4)]:        # D = 0, stride < 0, int dtype
+    # D = 0, stride < 0, int dtype
+    for bad_k in [native_view(k, size=(2, 0)), native_view(k, stride=(-1, 1)), native_view(k, dtype=4)]:
         with pytest.raises(InvalidInputError):
-            _C.indexer_k_cache_write(k.data_ptr(), *args, kc.data_ptr(), ks.data_ptr(), 4, ok.data_ptr(), 4, False, 1)
+            _C.indexer_k_cache_write(bad_k, kc, ks, ok, False, 1)
     assert (kc.view(torch.uint8) == 0).all() and (ks == 0).all()
 
 
@@ -147,14 +147,13 @@ def test_native_gather_rejects_bad_tables_and_lengths():
         with pytest.raises(InvalidInputError, match=arg):
             cpu_impl("kv_cache_gather")(cache, t, cl)
         with pytest.raises(InvalidInputError, match=arg):
-            _C.kv_cache_gather(out.data_ptr(), max(sum(lens), 0), cache.data_ptr(), 4, 4, 32, t.data_ptr(), 2, 2, 2,
-                               cl.data_ptr(), 1)
+            _C.kv_cache_gather(native_view(out, size=(max(sum(lens), 0), 8)), cache, t, cl, 1)
         assert (out == 3.0).all()
     cl = torch.tensor([4, 4], dtype=torch.int32)
     with pytest.raises(InvalidInputError, match="out"):    # output rows disagree with the lengths
-        _C.kv_cache_gather(out.data_ptr(), 7, cache.data_ptr(), 4, 4, 32, table.data_ptr(), 2, 2, 2, cl.data_ptr(), 1)
+        _C.kv_cache_gather(native_view(out, size=(7, 8)), cache, table, cl, 1)
     with pytest.raises(InvalidInputError):
-        _C.kv_cache_gather(out.data_ptr(), 8, cache.data_ptr(), 4, 4, 32, table.data_ptr(), 2, 2, -2, cl.data_ptr(), 1)
+        _C.kv_cache_gather(out, cache, native_view(table, stride=(-2, 1)), cl, 1)
     assert (out == 3.0).all()
     # -1 past the blocks in use is padding, not an error
     t = torch.tensor([[1, -1], [3, -1]], dtype=torch.int32)

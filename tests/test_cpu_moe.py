@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 import glm5_hal as hal
 from glm5_hal import InvalidInputError, _C
 
-from cpu_helpers import FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, reference, tier  # noqa: F401
+from cpu_helpers import (FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, native_view,  # noqa: F401
+                         reference, tier)
 
 
 def routed(tokens, k, experts, g, *, invalid=0.0, duplicates=False):
@@ -89,16 +90,17 @@ def test_native_permute_rejects_inconsistent_arguments():
     bad_plans = [(-1, 2, 2, 4), (4, 0, 2, 4), (4, 2, -1, 4), (4, 2, 2, 0), (2**31, 2, 2, 4)]
     for tokens, k, stride, experts in bad_plans:
         with pytest.raises(InvalidInputError):
-            _C.moe_permute_plan(tpe.data_ptr(), src.data_ptr(), ids.data_ptr(), tokens, k, stride, experts)
+            _C.moe_permute_plan(native_view(tpe, size=(experts,)), src,
+                                native_view(ids, size=(tokens, k), stride=(stride, 1)))
         assert (tpe == -7).all() and (src == -7).all()
     out = torch.full((3, 8), 9.0)
     for bad_src in ([0, 8, 1], [0, -1, 1], [2**31 - 1, 0, 0]):
         s = torch.tensor(bad_src, dtype=torch.int32)
         with pytest.raises(InvalidInputError, match="src"):
-            _C.moe_permute_gather(out.data_ptr(), x.data_ptr(), 4, 32, 32, s.data_ptr(), 3, 2, 1)
+            _C.moe_permute_gather(out, x, s, 2, 1)
         assert (out == 9.0).all()
     with pytest.raises(InvalidInputError):
-        _C.moe_permute_gather(out.data_ptr(), x.data_ptr(), 4, 32, -32, src.data_ptr(), 0, 2, 1)
+        _C.moe_permute_gather(native_view(out, size=(0, 8)), native_view(x, stride=(-8, 1)), src, 2, 1)
 
 
 def test_native_unpermute_rejects_out_of_range_src_before_writing():
@@ -108,18 +110,18 @@ def test_native_unpermute_rejects_out_of_range_src_before_writing():
     for bad in ([0, 4, 1], [-1, 0, 1], [3, 2, 2**31 - 1]):
         s = torch.tensor(bad, dtype=torch.int32)
         with pytest.raises(InvalidInputError, match="src"):
-            _C.moe_unpermute(out.data_ptr(), y.data_ptr(), 3, 8, 8, s.data_ptr(), w.data_ptr(), 2, 2, 0, 1)
+            _C.moe_unpermute(out, y, s, w, 1)
         assert (out == 5.0).all()
         # the backend function alone (no glm5_hal.ops checks in front) raises too
         with pytest.raises(InvalidInputError):
             cpu_impl("moe_unpermute")(y, s, w)
     ok = torch.tensor([0, 1, 2], dtype=torch.int32)
-    for args in [(3, 8, 8, ok.data_ptr(), w.data_ptr(), 2, 0, 0, 1),    # k = 0
-                 (3, 8, -1, ok.data_ptr(), w.data_ptr(), 2, 2, 0, 1),   # stride < 0
-                 (3, 8, 8, ok.data_ptr(), w.data_ptr(), 2, 2, 5, 1),    # int64 code as y dtype
-                 (-3, 8, 8, ok.data_ptr(), w.data_ptr(), 2, 2, 0, 1)]:  # M < 0
+    for args in [(y, ok, native_view(w, size=(2, 0))),            # k = 0
+                 (native_view(y, stride=(-1, 1)), ok, w),        # stride < 0
+                 (native_view(y, dtype=5), ok, w),               # int64 code as y dtype
+                 (native_view(y, size=(-3, 8)), ok, w)]:         # M < 0
         with pytest.raises(InvalidInputError):
-            _C.moe_unpermute(out.data_ptr(), y.data_ptr(), *args)
+            _C.moe_unpermute(out, *args, 1)
         assert (out == 5.0).all()
 
 
@@ -251,7 +253,9 @@ def test_native_route_rejects_bad_arguments():
            dict(ld=4), dict(stride=-1), dict(scale=float("inf")), dict(n_group=4, topk_group=1, top_k=3)]
     for kw in bad:
         a = dict(ld=0, tokens=2, experts=8, stride=8, top_k=2, n_group=1, topk_group=1, scale=1.0) | kw
+        outputs = dict(size=(a["tokens"], a["top_k"]), stride=(a["top_k"], 1))
         with pytest.raises(InvalidInputError):
-            _C.moe_route(w.data_ptr(), ids.data_ptr(), logits.data_ptr(), a["ld"], a["tokens"], a["experts"],
-                         a["stride"], 0, 0, a["top_k"], a["n_group"], a["topk_group"], a["scale"], True, False, 1)
+            _C.moe_route(native_view(w, **outputs), native_view(ids, **outputs),
+                         native_view(logits, size=(a["tokens"], a["experts"]), stride=(a["stride"], 1), dtype=a["ld"]),
+                         None, a["n_group"], a["topk_group"], a["scale"], True, False, 1)
         assert (w == 3.0).all() and (ids == -5).all()

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 import glm5_hal as hal
 from glm5_hal import InvalidInputError, _C
 
-from cpu_helpers import FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, reference, tier  # noqa: F401
+from cpu_helpers import (FLOATS, TIERS, assert_close, chosen, cpu_impl, gen, isa_limit, native_view,  # noqa: F401
+                         reference, tier)
 
 FP8 = torch.float8_e4m3fn
 
@@ -71,13 +72,13 @@ def test_property_fp8_block_quant(rows, blocks, block, dtype, scale_fmt, log_sca
 
 def test_native_fp8_rejects_bad_arguments():
     x = torch.randn(2, 8)
-    q = torch.zeros(2, 8, dtype=torch.uint8)
+    q = torch.zeros(2, 8, dtype=torch.float8_e4m3fn)
     s = torch.zeros(2, 2)
-    for args in [(2, 8, 8, 3, False, 0), (2, 8, 8, 0, False, 0), (-2, 8, 8, 4, False, 0), (2, 8, -8, 4, False, 0),
-                 (2, 8, 8, 4, False, 3)]:
+    v = native_view
+    for args in [(x, 3), (x, 0), (v(x, size=(-2, 8)), 4), (v(x, stride=(-8, 1)), 4), (v(x, dtype=3), 4)]:
         with pytest.raises(InvalidInputError):
-            _C.fp8_block_quant(q.data_ptr(), s.data_ptr(), x.data_ptr(), *args, 1)
-    assert (q == 0).all() and (s == 0).all()
+            _C.fp8_block_quant(q, s, *args, False, 1)
+    assert (q.view(torch.uint8) == 0).all() and (s == 0).all()
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -135,12 +136,13 @@ def test_native_int4_rejects_bad_arguments():
     packed = torch.zeros(2, 2, dtype=torch.int32)
     scale = torch.zeros(2, 2)
     out = torch.zeros(2, 16)
-    for args in [(2, 16, 16, 3, 0), (2, 16, 16, 0, 0), (2, 12, 16, 4, 0), (2, 16, -1, 8, 0), (2, 16, 16, 8, 4)]:
+    v = native_view
+    for args in [(w, 3), (w, 0), (v(w, size=(2, 12)), 4), (v(w, stride=(-1, 1)), 8), (v(w, dtype=4), 8)]:
         with pytest.raises(InvalidInputError):
-            _C.int4_quantize(0, packed.data_ptr(), scale.data_ptr(), w.data_ptr(), *args, 1)
+            _C.int4_quantize(None, packed, scale, *args, 1)
     with pytest.raises(InvalidInputError, match="at least one output"):
-        _C.int4_quantize(0, 0, 0, w.data_ptr(), 2, 16, 16, 8, 0, 1)
-    for args in [(2, 2, 2, 3), (2, 2, 2, 0), (2, 2, -2, 8), (-1, 2, 2, 8)]:
+        _C.int4_quantize(None, None, None, w, 8, 1)
+    for args in [(packed, 3), (packed, 0), (v(packed, stride=(-2, 1)), 8), (v(packed, size=(-1, 2)), 8)]:
         with pytest.raises(InvalidInputError):
-            _C.int4_unpack(out.data_ptr(), packed.data_ptr(), scale.data_ptr(), *args, 1)
+            _C.int4_unpack(out, args[0], scale, args[1], 1)
     assert (packed == 0).all() and (scale == 0).all() and (out == 0).all()

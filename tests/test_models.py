@@ -28,6 +28,8 @@ FP8_UE8M0 = GLM5Config.tiny(indexer_fp8=True, indexer_scale_fmt="ue8m0")
 DENSE = GLM5Config.tiny(attention="dense")
 # DeepSeek-V3.2-style routing (group-limited) and half-split indexer rope, through the same code
 GROUPED = GLM5Config.tiny(n_group=4, topk_group=2, num_experts_per_tok=3, indexer_rope_interleaved=False)
+# GLM-5.x cross-layer top-k sharing: layers 1 and 2 reuse layer 0's top-k, layer 3 runs its own
+SHARED = GLM5Config.tiny(num_layers=4, indexer_types=("full", "shared", "shared", "full"))
 TOL = dict(atol=2e-4, rtol=2e-4)
 
 
@@ -85,7 +87,9 @@ def _indexer_mask(ix, x, q_latent, positions, c):
     return torch.zeros(s, s, dtype=torch.bool).scatter(1, top, True) & causal
 
 
-def _attention(attn, x, c):
+def _attention(attn, x, c, shared_mask=None):
+    """The attention output, and the DSA mask it used (a "shared" layer gets its mask from
+    the previous full layer)."""
     s, h = x.shape[0], c.num_heads
     positions = torch.arange(s)
     q_latent = _rms(attn.q_a_proj(x), attn.q_a_layernorm.weight, c.lora_norm_eps)
@@ -99,10 +103,12 @@ def _attention(attn, x, c):
     k = torch.cat([k_nope, k_pe], -1)
     scores = torch.einsum("shd,thd->hst", q, k) * c.qk_head_dim ** -0.5
     allowed = torch.ones(s, s, dtype=torch.bool).tril()
+    mask = None
     if c.attention == "sparse":
-        allowed = allowed & _indexer_mask(attn.indexer, x, q_latent, positions, c)
+        mask = shared_mask if attn.indexer is None else _indexer_mask(attn.indexer, x, q_latent, positions, c)
+        allowed = allowed & mask
     probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-    return attn.o_proj(torch.einsum("hst,thv->shv", probs, v).reshape(s, h * c.v_head_dim))
+    return attn.o_proj(torch.einsum("hst,thv->shv", probs, v).reshape(s, h * c.v_head_dim)), mask
 
 
 def _mlp(mlp, x):
@@ -138,15 +144,17 @@ def _moe_loop(moe, x, c):
 def _plain_logits(model, ids):
     c = model.config
     x = model.model.embed_tokens(torch.tensor(ids))
+    mask = None
     for i, layer in enumerate(model.model.layers):
-        x = x + _attention(layer.self_attn, _rms(x, layer.input_layernorm.weight, c.rms_norm_eps), c)
+        attended, mask = _attention(layer.self_attn, _rms(x, layer.input_layernorm.weight, c.rms_norm_eps), c, mask)
+        x = x + attended
         h = _rms(x, layer.post_attention_layernorm.weight, c.rms_norm_eps)
         x = x + (_moe_loop(layer.mlp, h, c) if c.is_moe_layer(i) else _mlp(layer.mlp, h))
     return model.lm_head(_rms(x, model.model.norm.weight, c.rms_norm_eps))
 
 
 # -- the model against the plain forward ------------------------------------------------------
-@pytest.mark.parametrize("config", [TINY, DENSE, GROUPED], ids=["dsa", "dense", "grouped-neox"])
+@pytest.mark.parametrize("config", [TINY, DENSE, GROUPED, SHARED], ids=["dsa", "dense", "grouped-neox", "shared-topk"])
 def test_model_equals_plain_unabsorbed_forward(config):
     model = model_for(config, seed=1)
     ids = tokens(20, seed=2)            # 20 > index_topk = 8: the indexer really selects
@@ -168,7 +176,8 @@ def test_sparse_and_dense_differ_when_topk_is_below_context():
 
 
 # -- paged KV plumbing ------------------------------------------------------------------------
-@pytest.mark.parametrize("config", [TINY, FP8, FP8_UE8M0, DENSE], ids=["dsa", "fp8", "fp8-ue8m0", "dense"])
+@pytest.mark.parametrize("config", [TINY, FP8, FP8_UE8M0, DENSE, SHARED],
+                         ids=["dsa", "fp8", "fp8-ue8m0", "dense", "shared-topk"])
 def test_incremental_decode_equals_recompute_from_scratch(config):
     model = model_for(config, seed=3)
     seq = tokens(6, seed=4)
@@ -185,7 +194,7 @@ def test_incremental_decode_equals_recompute_from_scratch(config):
     assert table != list(range(table[0], table[0] + len(table)))    # not contiguous in the pool
 
 
-@pytest.mark.parametrize("config", [TINY, FP8], ids=["dsa", "fp8"])
+@pytest.mark.parametrize("config", [TINY, FP8, SHARED], ids=["dsa", "fp8", "shared-topk"])
 def test_packed_prefill_equals_token_by_token(config):
     model = model_for(config, seed=7)
     prompts = [tokens(13, seed=8), tokens(5, seed=9), tokens(1, seed=10)]
@@ -290,12 +299,15 @@ def _hf_names_and_shapes(c: GLM5Config) -> dict[str, list[int]]:
             p + "self_attn.kv_a_layernorm.weight": [c.kv_lora_rank],
             p + "self_attn.kv_b_proj.weight": [c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank],
             p + "self_attn.o_proj.weight": [c.hidden_size, c.num_heads * c.v_head_dim],
-            p + "self_attn.indexer.wq_b.weight": [c.index_n_heads * c.index_head_dim, c.q_lora_rank],
-            p + "self_attn.indexer.wk.weight": [c.index_head_dim, c.hidden_size],
-            p + "self_attn.indexer.k_norm.weight": [c.index_head_dim],
-            p + "self_attn.indexer.k_norm.bias": [c.index_head_dim],
-            p + "self_attn.indexer.weights_proj.weight": [c.index_n_heads, c.hidden_size],
         })
+        if not c.shares_topk(i):          # a "shared" layer has no indexer, in HF as here
+            names.update({
+                p + "self_attn.indexer.wq_b.weight": [c.index_n_heads * c.index_head_dim, c.q_lora_rank],
+                p + "self_attn.indexer.wk.weight": [c.index_head_dim, c.hidden_size],
+                p + "self_attn.indexer.k_norm.weight": [c.index_head_dim],
+                p + "self_attn.indexer.k_norm.bias": [c.index_head_dim],
+                p + "self_attn.indexer.weights_proj.weight": [c.index_n_heads, c.hidden_size],
+            })
         mlps = []
         if c.is_moe_layer(i):
             names[p + "mlp.gate.weight"] = [c.n_routed_experts, c.hidden_size]
@@ -312,6 +324,7 @@ def _hf_names_and_shapes(c: GLM5Config) -> dict[str, list[int]]:
 
 
 def test_state_dict_has_hf_checkpoint_names_and_round_trips():
+    assert {k: list(v.shape) for k, v in model_for(SHARED).state_dict().items()} == _hf_names_and_shapes(SHARED)
     model = model_for(TINY, seed=26)
     state = model.state_dict()
     assert {k: list(v.shape) for k, v in state.items()} == _hf_names_and_shapes(TINY)
@@ -414,6 +427,24 @@ def test_invalid_inputs_name_the_argument():
         GLM5Config.tiny(index_head_dim=24)
     with pytest.raises(hal.InvalidInputError, match="GLM5Config.*attention"):
         GLM5Config.tiny(attention="linear")
+    with pytest.raises(hal.InvalidInputError, match="GLM5Config.*indexer_types.*3 of"):
+        GLM5Config.tiny(indexer_types=["full", "shared"])
+    with pytest.raises(hal.InvalidInputError, match="GLM5Config.*indexer_types.*'full' for layer 0"):
+        GLM5Config.tiny(indexer_types=["shared", "full", "full"])
+
+
+def test_shared_layers_have_no_indexer_and_no_indexer_cache():
+    model = model_for(SHARED)
+    assert SHARED.indexer_types == ("full", "shared", "shared", "full")       # a list becomes a tuple
+    assert [layer.self_attn.indexer is None for layer in model.model.layers] == [False, True, True, False]
+    cache = model.new_cache(4, 4)
+    assert [c.index_keys is None for c in cache.layers] == [False, True, True, False]
+    with record_ops() as calls:
+        model.prefill(cache, ["s"], [tokens(12, seed=90)])
+        model.decode(cache, ["s"], [3])
+    # one indexer per full layer; every layer attends sparsely
+    assert calls.counts["indexer_topk"] == 2 and calls.counts["indexer_topk_paged"] == 2
+    assert calls.counts["sparse_mla_attention"] == 4 and calls.counts["sparse_mla_decode_paged"] == 4
 
 
 def test_glm5_config_has_the_real_dimensions():

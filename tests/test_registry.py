@@ -254,3 +254,19 @@ def test_explain_reports_invalid_input_instead_of_raising(hal_state):
     assert e.chosen is None and "argument 'weight'" in e.error
     with pytest.raises(hal.UnsupportedOpError, match="unknown op 'rms_nrom'"):
         hal.explain("rms_nrom", x, w, eps)
+
+
+def test_a_kernel_that_validates_values_rejects_on_the_first_call_too(hal_state):
+    """The native value checks are the ones that reject, whether or not the decision is
+    cached yet (the Python value checks never run before such a kernel)."""
+    cache, values = torch.zeros(2, 4, 8), torch.randn(1, 8)
+    bad = torch.tensor([99], dtype=torch.int32)
+    for _ in range(2):   # the first call makes the decision, the second takes the cached one
+        with pytest.raises(hal.InvalidInputError) as info:
+            hal.ops.kv_cache_write(cache, values, bad)
+        assert info.value.backend == "cpu" and info.value.arg == "slot_mapping"
+    with hal.use("reference"):   # the reference does not validate: the op's value checks do
+        with pytest.raises(hal.InvalidInputError) as info:
+            hal.ops.kv_cache_write(cache, values, bad)
+        assert info.value.backend is None and info.value.arg == "slot_mapping"
+    assert not cache.any()

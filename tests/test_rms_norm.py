@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import glm5_hal as hal
-from glm5_hal.backends.cpu import ops as cpu_ops
+from glm5_hal.backends.cpu import common as cpu_common
+
+from cpu_helpers import native_view
 
 TOL = {torch.float32: (2e-6, 1e-5), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
 
@@ -37,10 +39,10 @@ def test_cpu_kernel_matches_reference(dtype, shape, wdtype):
 def test_non_contiguous_input_is_handled():
     x = torch.randn(64, 10).t()  # [10, 64] with row stride 1
     w = torch.randn(64)
-    check_close(cpu_ops.rms_norm(x, w, 1e-6), x, w, 1e-6)
+    check_close(cpu_common.rms_norm(x, w, 1e-6), x, w, 1e-6)
     xs = torch.randn(8, 128)[:, ::2]  # strided last dim
     w2 = torch.randn(64)
-    check_close(cpu_ops.rms_norm(xs, w2, 1e-6), xs, w2, 1e-6)
+    check_close(cpu_common.rms_norm(xs, w2, 1e-6), xs, w2, 1e-6)
 
 
 @settings(max_examples=40, deadline=None)
@@ -50,7 +52,7 @@ def test_property_cpu_equals_reference(rows, dim, dtype, eps, seed):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, dim, generator=g) * 3).to(dtype)
     w = torch.randn(dim, generator=g)
-    check_close(cpu_ops.rms_norm(x, w, eps), x, w, eps)
+    check_close(cpu_common.rms_norm(x, w, eps), x, w, eps)
 
 
 BAD = [
@@ -78,10 +80,11 @@ def test_bad_input_raises_invalid_input_error(make, arg, expected):
 def test_native_kernel_rejects_inconsistent_sizes_itself():
     from glm5_hal import _C
     x = torch.randn(2, 8)
+    w = x[0]
     # output rows must not overlap; input rows may (a row stride of 0 reads an expanded tensor)
     with pytest.raises(hal.InvalidInputError, match="row stride >= the row width 8"):
-        _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, 8, 4, 1e-5, 0, 0, 1)
+        _C.rms_norm(native_view(x, stride=(4, 1)), x, w, 1e-5, 1)
     with pytest.raises(hal.InvalidInputError, match="row stride >= 0"):
-        _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, -8, 8, 1e-5, 0, 0, 1)
+        _C.rms_norm(x, native_view(x, stride=(-8, 1)), w, 1e-5, 1)
     with pytest.raises(hal.InvalidInputError, match="dtype code 9"):
-        _C.rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 2, 8, 8, 8, 1e-5, 9, 0, 1)
+        _C.rms_norm(x, native_view(x, dtype=9), w, 1e-5, 1)

@@ -35,7 +35,7 @@ class CpuBackend(Backend):
 
 cpu = CpuBackend()
 
-from . import dsa, kv, moe, ops, quant, quant_gemm  # noqa: E402,F401  (declare the kernels on `cpu`)
+from . import common, dsa, kv, moe, quant, quant_gemm  # noqa: E402,F401  (declare the kernels on `cpu`)
 
 
 @hookimpl

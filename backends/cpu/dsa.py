@@ -1,165 +1,71 @@
 """DSA ops (OPS.md section 4) on the native kernels of csrc/dsa.cpp.
 
-Inputs arrive validated by glm5_hal.ops.dsa; these wrappers only make layouts kernel-ready
-(caches and key rows are passed with their strides and read in place; small dense inputs are
-made contiguous), allocate outputs and pass data pointers. The native code re-checks every
-index it dereferences and raises InvalidInputError itself.
+Inputs arrive validated by glm5_hal.ops.dsa; these wrappers allocate outputs and pass the
+tensors (caches and key rows are read in place with their strides; _C copies only what a
+kernel cannot read). The native code re-checks every index it dereferences and raises
+InvalidInputError itself.
 """
 from __future__ import annotations
 
 import torch
 
 from . import cpu
-from .ops import DTYPE_CODE, FLOATS
+from .native import _C, FLOATS, threads
 
-try:
-    from glm5_hal import _C
-except ImportError:  # the probe reports it; these kernels are then never chosen
-    _C = None
-
-_FP8 = torch.float8_e4m3fn
+_I32 = torch.int32
 
 
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """`t` [R, D] with unit last stride and non-overlapping rows (copied only if not), and its
-    row stride in elements."""
-    rows, dim = t.shape
-    if (dim > 1 and t.stride(1) != 1) or (rows > 1 and t.stride(0) < dim):
-        t = t.contiguous()
-    return t, (t.stride(0) if rows > 1 else dim)
-
-
-def _pages(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """A paged cache [num_blocks, block_size, D] readable in place, with its block and row
-    strides in elements (copied only for layouts with overlapping rows or a strided last dim)."""
-    blocks, size, dim = t.shape
-    row = t.stride(1) if size > 1 else dim
-    block = t.stride(0) if blocks > 1 else (size - 1) * row + dim
-    if (dim > 1 and t.stride(2) != 1) or row < dim or block < (size - 1) * row + dim:
-        t = t.contiguous()
-        row, block = dim, size * dim
-    return t, block, row
-
-
-def _page_scales(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """FP8 scales [num_blocks, block_size] with their block and row strides."""
-    blocks, size = t.shape
-    row = t.stride(1) if size > 1 else 1
-    block = t.stride(0) if blocks > 1 else (size - 1) * row + 1
-    if row < 1 or block < (size - 1) * row + 1:
-        t = t.contiguous()
-        row, block = 1, size
-    return t, block, row
-
-
-def _keys(k):
-    """(values [S, D], dtype code, rows, row stride, scale pointer, scale stride, keep-alive)."""
-    if isinstance(k, (tuple, list)):
-        values, scale = k
-        values, stride = _rows(values)
-        scale_stride = scale.stride(0) if scale.shape[0] > 1 else 1
-        if scale_stride < 1:
-            scale, scale_stride = scale.contiguous(), 1
-        return values, DTYPE_CODE[_FP8], values.shape[0], stride, scale.data_ptr(), scale_stride, scale
-    values, stride = _rows(k)
-    return values, DTYPE_CODE[values.dtype], values.shape[0], stride, 0, 0, None
-
-
-def _paging(block_table: torch.Tensor, context_lens: torch.Tensor):
-    block_table = block_table.contiguous()
-    return block_table, block_table.shape[1], context_lens.contiguous()
-
-
-def _threads() -> int:
-    return torch.get_num_threads()
+def _split(k):
+    """Float keys, or the values and scales of an FP8 pair (OPS.md section 4)."""
+    return k if isinstance(k, (tuple, list)) else (k, None)
 
 
 @cpu.impl("indexer_logits", dtypes=FLOATS, validates_values=True)
 def indexer_logits(q, k, weights, k_start, k_end):
-    q, weights = q.contiguous(), weights.contiguous()
-    k_start, k_end = k_start.contiguous(), k_end.contiguous()
-    values, kcode, rows, stride, scale_ptr, scale_stride, _scale = _keys(k)
-    tokens, heads, dim = q.shape
-    out = torch.empty((tokens, rows), dtype=torch.float32)
-    _C.indexer_logits(out.data_ptr(), rows, q.data_ptr(), DTYPE_CODE[q.dtype], tokens, heads, dim,
-                      values.data_ptr(), kcode, rows, stride, scale_ptr, scale_stride,
-                      weights.data_ptr(), k_start.data_ptr(), k_end.data_ptr(), _threads())
+    k, k_scale = _split(k)
+    out = torch.empty((q.shape[0], k.shape[0]), dtype=torch.float32)
+    _C.indexer_logits(out, q, k, k_scale, weights, k_start, k_end, threads())
     return out
 
 
 @cpu.impl("indexer_topk", dtypes=FLOATS, validates_values=True)
 def indexer_topk(q, k, weights, k_start, k_end, topk):
-    q, weights = q.contiguous(), weights.contiguous()
-    k_start, k_end = k_start.contiguous(), k_end.contiguous()
-    values, kcode, rows, stride, scale_ptr, scale_stride, _scale = _keys(k)
-    tokens, heads, dim = q.shape
-    out = torch.empty((tokens, topk), dtype=torch.int32)
-    _C.indexer_topk(out.data_ptr(), topk, q.data_ptr(), DTYPE_CODE[q.dtype], tokens, heads, dim,
-                    values.data_ptr(), kcode, rows, stride, scale_ptr, scale_stride,
-                    weights.data_ptr(), k_start.data_ptr(), k_end.data_ptr(), _threads())
+    k, k_scale = _split(k)
+    out = torch.empty((q.shape[0], topk), dtype=_I32)
+    _C.indexer_topk(out, q, k, k_scale, weights, k_start, k_end, threads())
     return out
 
 
 @cpu.impl("indexer_topk_paged", dtypes=FLOATS, validates_values=True)
 def indexer_topk_paged(q, k_cache, weights, block_table, context_lens, topk):
-    q, weights = q.contiguous(), weights.contiguous()
-    if isinstance(k_cache, (tuple, list)):
-        cache, scale = k_cache
-        cache, block, row = _pages(cache)
-        scale, scale_block, scale_row = _page_scales(scale)
-        scale_ptr = scale.data_ptr()
-    else:
-        cache, block, row = _pages(k_cache)
-        scale, scale_ptr, scale_block, scale_row = None, 0, 0, 0
-    block_table, max_blocks, context_lens = _paging(block_table, context_lens)
-    batch, queries, heads, dim = q.shape
-    out = torch.empty((batch, queries, topk), dtype=torch.int32)
-    _C.indexer_topk_paged(out.data_ptr(), topk, q.data_ptr(), DTYPE_CODE[q.dtype], batch, queries, heads, dim,
-                          cache.data_ptr(), DTYPE_CODE[cache.dtype], cache.shape[0], cache.shape[1], block, row,
-                          scale_ptr, scale_block, scale_row, weights.data_ptr(), block_table.data_ptr(),
-                          max_blocks, max_blocks, context_lens.data_ptr(), _threads())
+    k_cache, k_cache_scale = _split(k_cache)
+    out = torch.empty((q.shape[0], q.shape[1], topk), dtype=_I32)
+    _C.indexer_topk_paged(out, q, k_cache, k_cache_scale, weights, block_table, context_lens, threads())
     return out
 
 
 @cpu.impl("sparse_mla_attention", dtypes=FLOATS)
 def sparse_mla_attention(q, kv, indices, sm_scale, d_v=512):
-    q, indices = q.contiguous(), indices.contiguous()
-    kv, stride = _rows(kv)
-    tokens, heads, dqk = q.shape
+    tokens, heads, _ = q.shape
     out = torch.empty((tokens, heads, d_v), dtype=q.dtype)
     lse = torch.empty((tokens, heads), dtype=torch.float32)
-    _C.sparse_mla_attention(out.data_ptr(), lse.data_ptr(), q.data_ptr(), DTYPE_CODE[q.dtype], tokens, heads, dqk,
-                            kv.data_ptr(), kv.shape[0], stride, indices.data_ptr(), indices.shape[1],
-                            float(sm_scale), d_v, _threads())
+    _C.sparse_mla_attention(out, lse, q, kv, indices, float(sm_scale), threads())
     return out, lse
 
 
 @cpu.impl("sparse_mla_decode_paged", dtypes=FLOATS, validates_values=True)
 def sparse_mla_decode_paged(q, kv_cache, block_table, context_lens, indices, sm_scale, d_v=512):
-    q, indices = q.contiguous(), indices.contiguous()
-    cache, block, row = _pages(kv_cache)
-    block_table, max_blocks, context_lens = _paging(block_table, context_lens)
-    batch, queries, heads, dqk = q.shape
+    batch, queries, heads, _ = q.shape
     out = torch.empty((batch, queries, heads, d_v), dtype=q.dtype)
     lse = torch.empty((batch, queries, heads), dtype=torch.float32)
-    _C.sparse_mla_decode_paged(out.data_ptr(), lse.data_ptr(), q.data_ptr(), DTYPE_CODE[q.dtype], batch, queries,
-                               heads, dqk, cache.data_ptr(), DTYPE_CODE[cache.dtype], cache.shape[0],
-                               cache.shape[1], block, row, block_table.data_ptr(), max_blocks, max_blocks,
-                               context_lens.data_ptr(), indices.data_ptr(), indices.shape[2], float(sm_scale),
-                               d_v, _threads())
+    _C.sparse_mla_decode_paged(out, lse, q, kv_cache, block_table, context_lens, indices, float(sm_scale), threads())
     return out, lse
 
 
 @cpu.impl("dense_mla_decode_paged", dtypes=FLOATS, validates_values=True)
 def dense_mla_decode_paged(q, kv_cache, block_table, context_lens, sm_scale, d_v=512):
-    q = q.contiguous()
-    cache, block, row = _pages(kv_cache)
-    block_table, max_blocks, context_lens = _paging(block_table, context_lens)
-    batch, queries, heads, dqk = q.shape
+    batch, queries, heads, _ = q.shape
     out = torch.empty((batch, queries, heads, d_v), dtype=q.dtype)
     lse = torch.empty((batch, queries, heads), dtype=torch.float32)
-    _C.dense_mla_decode_paged(out.data_ptr(), lse.data_ptr(), q.data_ptr(), DTYPE_CODE[q.dtype], batch, queries,
-                              heads, dqk, cache.data_ptr(), DTYPE_CODE[cache.dtype], cache.shape[0],
-                              cache.shape[1], block, row, block_table.data_ptr(), max_blocks, max_blocks,
-                              context_lens.data_ptr(), float(sm_scale), d_v, _threads())
+    _C.dense_mla_decode_paged(out, lse, q, kv_cache, block_table, context_lens, float(sm_scale), threads())
     return out, lse

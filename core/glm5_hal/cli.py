@@ -146,7 +146,14 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
                                  on_record=progress)
     finally:
         progress.close()
+    certification = None
+    if args.certify:
+        from .conformance import certify
+        records = certify.relabel(records)
+        certification = certify.verdict(records, backends)
     print(report.format_matrix(records))
+    if certification is not None:
+        print(certify.format_verdict(certification))
     if not args.backend:
         import glm5_hal as hal
         for r in hal.backends():
@@ -156,13 +163,79 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     if missing and not args.op:
         print(f"note: ops without conformance cases yet: {', '.join(missing)}")
     if args.json or args.junit or args.markdown:
-        meta = report.metadata(backends, ops, presets, args.ref, workers)
+        meta = report.metadata(backends, ops, presets, args.ref, workers, _conformance_command(args))
+        if certification is not None:
+            meta["certification"] = certification
         for path, write in ((args.json, report.write_json), (args.junit, report.write_junit),
                             (args.markdown, report.write_markdown)):
             if path:
                 write(path, records, meta)
                 print(f"wrote {path}")
+    if certification is not None and not all(v["certified"] for v in certification.values()):
+        return 1
     return 1 if report.failed(records) else 0
+
+
+def _cmd_conformance_merge(args: argparse.Namespace) -> int:
+    """Merges run reports into one matrix (Markdown, HTML, JSON); prints the Markdown when no
+    output is named."""
+    from .conformance import html, matrix
+    _refuse_run_options(args, "merge")
+    result = matrix.merge([matrix.load_run(path) for path in args.reports])
+    for path, write in ((args.markdown_out, matrix.write_markdown), (args.html_out, html.write_html),
+                        (args.json_out, matrix.write_json)):
+        if path:
+            write(path, result)
+            print(f"wrote {path}")
+    if not (args.markdown_out or args.html_out or args.json_out):
+        print(matrix.to_markdown(result), end="")
+    for line in result["differences"]:
+        print(f"note: {line}", file=sys.stderr)
+    return 0
+
+
+def _cmd_conformance_diff(args: argparse.Namespace) -> int:
+    """What got worse from OLD to NEW; exit status 1 iff a finding of a --fail-on kind."""
+    from .conformance import diff
+    _refuse_run_options(args, "diff")
+    old, new = diff.load(args.old), diff.load(args.new)
+    result = diff.compare(old, new, args.drift)
+    fail_on = tuple(args.fail_on or ("regression",))
+    failing = result.failing(fail_on)
+    if args.json_flag:
+        print(json.dumps(dict(result.to_dict(), fail_on=list(fail_on), failing=failing), indent=1))
+    else:
+        print(diff.format_diff(result, args.old, args.new))
+        print(f"failing on: {', '.join(failing)}" if failing else
+              f"ok: none of {', '.join(fail_on)}")
+    return 1 if failing else 0
+
+
+def _refuse_run_options(args: argparse.Namespace, action: str) -> None:
+    given = [flag for flag, value in (("--backend", args.backend), ("--op", args.op), ("--preset", args.preset),
+                                      ("--json", args.json), ("--junit", args.junit),
+                                      ("--markdown", args.markdown), ("--certify", args.certify)) if value]
+    if given:
+        from .errors import HalError
+        raise HalError(f"conformance {action}: {', '.join(given)} belong to a conformance run; "
+                       f"put {action}'s own options after '{action}'")
+
+
+def _conformance_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, with the settings that chose the plugins
+    (defaults spelled out; report paths included)."""
+    import shlex
+    words = [f"{k}={os.environ[k]}" for k in ("GLM5_HAL_PLUGINS", "GLM5_HAL_DISABLE", "GLM5_HAL_STRICT")
+             if os.environ.get(k)]
+    words += ["glm5-hal", "conformance"]
+    for flag, values in (("--backend", args.backend), ("--op", args.op), ("--preset", args.preset)):
+        for value in values or ():
+            words += [flag, value]
+    words += ["--ref", args.ref, "-n", args.n] + (["--certify"] if args.certify else [])
+    for flag, value in (("--json", args.json), ("--junit", args.junit), ("--markdown", args.markdown)):
+        if value:
+            words += [flag, value]
+    return shlex.join(words)
 
 
 def _workers(text: str) -> str:
@@ -239,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on --world-size spawned local ranks")
     p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks for --collectives")
     p.add_argument("--sizes", metavar="LIST", help="message sizes for --collectives, e.g. 4K,1M,64M")
+    p.add_argument("--hf-decode", dest="func", action="store_const",
+                   const=lambda args: __import__("glm5_hal.bench.hf_decode", fromlist=["command"]).command(args),
+                   help="decode tokens/s of HF transformers' GLM-5 (eager, and on glm5_hal ops) and of "
+                        "glm5_hal.models, same weights (needs glm5-hal[transformers]; --preset tiny: the tiny "
+                        "config only)")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("new-backend", help="scaffold an out-of-tree backend plugin package")
@@ -261,7 +339,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="F", help="write one record per case plus run metadata to F")
     p.add_argument("--junit", metavar="F", help="write JUnit XML to F (for CI)")
     p.add_argument("--markdown", metavar="F", help="write the matrix as Markdown to F (README, PR)")
+    p.add_argument("--certify", action="store_true",
+                   help="certification: also fail when an op/dtype the backend declares is only ever served "
+                        "by fallback; report expected errors the ops' own checks decided as 'contract'")
     p.set_defaults(func=_cmd_conformance)
+    actions = p.add_subparsers(dest="action", metavar="{merge,diff}",
+                               help="instead of running the suite: merge or compare reports")
+    m = actions.add_parser("merge", help="merge reports of many runs into one matrix",
+                           description="One matrix over every report: rows op x dtype, columns backend @ "
+                                       "chip, status counts per cell, failing cases with their worst "
+                                       "element and margin; differences between the reports are stated.")
+    m.add_argument("reports", nargs="+", metavar="REPORT.json", help="reports of glm5-hal conformance --json")
+    m.add_argument("--markdown", dest="markdown_out", metavar="F", help="write the matrix as Markdown to F")
+    m.add_argument("--html", dest="html_out", metavar="F", help="write a self-contained HTML page to F")
+    m.add_argument("--json", dest="json_out", metavar="F",
+                   help="write the matrix as JSON to F (a baseline for conformance diff)")
+    m.set_defaults(func=_cmd_conformance_merge)
+    d = actions.add_parser("diff", help="what got worse between two reports (exit 1 on a regression)",
+                           description="Regressions (pass -> fail/error), new fallbacks, lost coverage and "
+                                       "margin drift from OLD to NEW, each a run report or a merged matrix.")
+    d.add_argument("old", metavar="OLD.json")
+    d.add_argument("new", metavar="NEW.json")
+    d.add_argument("--json", dest="json_flag", action="store_true", help="machine-readable output")
+    d.add_argument("--drift", type=float, default=0.25, metavar="X",
+                   help="report a passing case whose margin grew by more than X (default 0.25: a "
+                        "quarter of its tolerance bound)")
+    d.add_argument("--fail-on", action="append", choices=("regression", "fallback", "coverage", "drift"),
+                   help="findings that make the exit status 1 (repeatable; default: regression)")
+    d.set_defaults(func=_cmd_conformance_diff)
 
     p = sub.add_parser("demo", help="generate with a tiny GLM-5-architecture model through the HAL "
                                     "(docs/models.md)")

@@ -109,6 +109,13 @@ class DType:
 
 
 @dataclasses.dataclass(frozen=True)
+class Unchecked:
+    """An argument the contract does not check at all (it is passed on as given). The
+    conformance suite's own tests define copies of ops with unchecked arguments to prove that
+    its expected-error cases fail on an op that skips validation."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Rule:
     """A relation the shapes and scalars must satisfy, checked as soon as every name in
     `condition` is known. A failure names `arg` with `expected` (a str.format template
@@ -126,7 +133,7 @@ class Let:
     expression: str
 
 
-ArgSpec = Tensor | Key | Int | Number | Bool | Choice | DType
+ArgSpec = Tensor | Key | Int | Number | Bool | Choice | DType | Unchecked
 
 
 def key_scale_name(arg: str) -> str:
@@ -173,7 +180,8 @@ class _Compiler:
         self.bound: set[str] = set()      # dim names and checked scalars known so far
         self.tensors: dict[str, str] = {}  # argument -> local holding its dtype
         self.device: str | None = None
-        tensors = [p for p in args if isinstance(args[p], (Tensor, Key))]
+        tensors = [p for p in args if isinstance(args[p], (Tensor, Key))
+                   or (isinstance(args[p], Unchecked) and p == params[0])]
         if not tensors or tensors[0] != next(p for p in params if p in tensors):
             raise HalError(f"op {op}: the first declared tensor argument must be the first tensor "
                            f"parameter (it keys dispatch); declared {list(args)}, parameters {params}")
@@ -200,7 +208,11 @@ class _Compiler:
     def run(self) -> Compiled:
         for name in self.args:  # in declaration order: a shape may use a scalar declared before it
             spec = self.args[name]
-            if isinstance(spec, Key):
+            if isinstance(spec, Unchecked):
+                if name == self.dispatch:   # the key still needs a device and a dtype
+                    self.emit(f"_dev, _dt_{name} = {name}.device, {name}.dtype", 0)
+                    self.device, self.tensors[name] = name, f"_dt_{name}"
+            elif isinstance(spec, Key):
                 self.key(name, spec)
             elif isinstance(spec, Tensor):
                 self.tensor(name, spec)

@@ -166,6 +166,7 @@ class Op:
         self.reference = reference
         self.fake = fake
         self.check_values = check_values
+        self.mutates = tuple(mutates)
         self.differentiable = differentiable
         self.signature = inspect.signature(reference)
         self.params = tuple(self.signature.parameters)

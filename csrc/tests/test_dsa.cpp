@@ -20,6 +20,7 @@
 #include "check.h"
 
 using glm5::DType;
+using glm5::View;
 
 namespace {
 
@@ -231,8 +232,10 @@ void test_sparse_attention(DType d, int nthreads) {
     if (tokens > 0 && trial % 3 == 0) std::fill(idx.begin(), idx.begin() + topk, -1);  // an all-invalid row
     std::vector<uint8_t> out(static_cast<size_t>(tokens * heads * dv) * esize(d));
     std::vector<float> lse(static_cast<size_t>(tokens * heads));
-    glm5::sparse_mla_attention(out.empty() ? nullptr : out.data(), lse.data(), q.data(), d, tokens, heads, dqk,
-                               rows ? kv.data() : nullptr, rows, dqk, idx.data(), topk, scale, dv, nthreads);
+    glm5::sparse_mla_attention(dense(out.empty() ? nullptr : out.data(), d, {tokens, heads, dv}),
+                               dense(lse.data(), DType::F32, {tokens, heads}), dense(q.data(), d, {tokens, heads, dqk}),
+                               dense(rows ? kv.data() : nullptr, d, {rows, dqk}),
+                               dense(idx.data(), DType::I32, {tokens, topk}), scale, nthreads);
     std::vector<double> want(static_cast<size_t>(tokens * heads * dv)), want_lse(static_cast<size_t>(tokens * heads));
     for (int64_t t = 0; t < tokens; ++t) {
       std::vector<const double*> sel;
@@ -290,17 +293,20 @@ void test_paged_attention(DType d, int nthreads, bool dense) {
     Tensor q = make(d, static_cast<size_t>(batch * queries * heads * dqk));
     std::vector<int32_t> idx(static_cast<size_t>(batch * queries * topk));
     for (auto& x : idx) x = randint(-2, 75);
-    glm5::DsaPagedCache c{cache.data(), d, p.num_blocks, block_size, dqk, block_size * dqk, dqk, nullptr, 0, 0};
-    glm5::DsaPaging pg{p.block_table.data(), batch, p.max_blocks, p.max_blocks, p.context_lens.data()};
+    const View c = glm5::dense(cache.data(), d, {p.num_blocks, block_size, dqk});
+    const View table = glm5::dense(p.block_table.data(), DType::I32, {batch, p.max_blocks});
+    const View lens = glm5::dense(p.context_lens.data(), DType::I32, {batch});
     const int64_t nq = batch * queries;
     std::vector<uint8_t> out(static_cast<size_t>(nq * heads * dv) * esize(d));
     std::vector<float> lse(static_cast<size_t>(nq * heads));
+    const View out_v = glm5::dense(out.data(), d, {batch, queries, heads, dv});
+    const View lse_v = glm5::dense(lse.data(), DType::F32, {batch, queries, heads});
+    const View q_v = glm5::dense(q.data(), d, {batch, queries, heads, dqk});
     if (dense)
-      glm5::dense_mla_decode_paged(out.data(), lse.data(), q.data(), d, batch, queries, heads, dqk, c, pg, 0.125f, dv,
-                                   nthreads);
+      glm5::dense_mla_decode_paged(out_v, lse_v, q_v, c, table, lens, 0.125f, nthreads);
     else
-      glm5::sparse_mla_decode_paged(out.data(), lse.data(), q.data(), d, batch, queries, heads, dqk, c, pg,
-                                    idx.data(), topk, 0.125f, dv, nthreads);
+      glm5::sparse_mla_decode_paged(out_v, lse_v, q_v, c, table, lens,
+                                    glm5::dense(idx.data(), DType::I32, {batch, queries, topk}), 0.125f, nthreads);
     std::vector<double> want(static_cast<size_t>(nq * heads * dv)), want_lse(static_cast<size_t>(nq * heads));
     for (int64_t t = 0; t < nq; ++t) {
       const int64_t b = t / queries, i = t % queries, ctx = p.context_lens[static_cast<size_t>(b)];
@@ -390,13 +396,16 @@ void test_indexer(DType d, bool fp8, int nthreads) {
       ks[t] = randint(0, static_cast<int>(rows));
       ke[t] = randint(ks[t], static_cast<int>(rows));
     }
-    glm5::DsaKeys keys{rows ? k.data() : nullptr, k.dtype, rows, dim, dim, fp8 ? kscale.data() : nullptr, 1};
+    const View keys = glm5::dense(rows ? k.data() : nullptr, k.dtype, {rows, dim});
+    const glm5::ScalesIn key_scale = glm5::dense(kscale.data(), DType::F32, {rows});
+    const View q_v = glm5::dense(q.data(), d, {tokens, heads, dim}), w_v = glm5::dense(w.data(), DType::F32, {tokens, heads});
+    const View ks_v = glm5::dense(ks.data(), DType::I32, {tokens}), ke_v = glm5::dense(ke.data(), DType::I32, {tokens});
     std::vector<float> logits(static_cast<size_t>(tokens * rows));
     std::vector<int32_t> top(static_cast<size_t>(tokens * topk));
-    glm5::indexer_logits(logits.data(), rows, q.data(), d, tokens, heads, dim, keys, w.data(), ks.data(), ke.data(),
-                         nthreads);
-    glm5::indexer_topk(top.data(), topk, q.data(), d, tokens, heads, dim, keys, w.data(), ks.data(), ke.data(),
-                       nthreads);
+    glm5::indexer_logits(glm5::dense(logits.data(), DType::F32, {tokens, rows}), q_v, keys, fp8 ? &key_scale : nullptr,
+                         w_v, ks_v, ke_v, nthreads);
+    glm5::indexer_topk(glm5::dense(top.data(), DType::I32, {tokens, topk}), q_v, keys, fp8 ? &key_scale : nullptr, w_v,
+                       ks_v, ke_v, nthreads);
     for (int64_t t = 0; t < tokens; ++t) {
       std::vector<double> want(static_cast<size_t>(rows)), bound(static_cast<size_t>(rows));
       bool ok = true;
@@ -431,11 +440,14 @@ void test_indexer_paged(DType d, bool fp8, int nthreads) {
     std::vector<float> w(static_cast<size_t>(batch * queries * heads));
     std::vector<double> wd(w.size());
     for (size_t i = 0; i < w.size(); ++i) wd[i] = w[i] = randn();
-    glm5::DsaPagedCache c{cache.data(), cache.dtype, p.num_blocks, block_size, dim, block_size * dim, dim,
-                          fp8 ? scale.data() : nullptr, block_size, 1};
-    glm5::DsaPaging pg{p.block_table.data(), batch, p.max_blocks, p.max_blocks, p.context_lens.data()};
+    const View c = glm5::dense(cache.data(), cache.dtype, {p.num_blocks, block_size, dim});
+    const glm5::ScalesIn c_scale = glm5::dense(scale.data(), DType::F32, {p.num_blocks, block_size});
     std::vector<int32_t> top(static_cast<size_t>(batch * queries * topk));
-    glm5::indexer_topk_paged(top.data(), topk, q.data(), d, batch, queries, heads, dim, c, w.data(), pg, nthreads);
+    glm5::indexer_topk_paged(glm5::dense(top.data(), DType::I32, {batch, queries, topk}),
+                             glm5::dense(q.data(), d, {batch, queries, heads, dim}), c, fp8 ? &c_scale : nullptr,
+                             glm5::dense(w.data(), DType::F32, {batch, queries, heads}),
+                             glm5::dense(p.block_table.data(), DType::I32, {batch, p.max_blocks}),
+                             glm5::dense(p.context_lens.data(), DType::I32, {batch}), nthreads);
     for (int64_t t = 0; t < batch * queries; ++t) {
       const int64_t b = t / queries, i = t % queries, ctx = p.context_lens[static_cast<size_t>(b)];
       const int64_t vis = std::max<int64_t>(0, ctx - queries + i + 1);
@@ -458,29 +470,41 @@ void test_indexer_paged(DType d, bool fp8, int nthreads) {
 // ---- invalid inputs ----------------------------------------------------------------------
 
 void test_invalid_inputs() {
+  using glm5::dense;
+  using glm5::strided;
   const int64_t T = 2, H = 3, D = 8, S = 10, topk = 4;
   std::vector<float> q(T * H * D, 1.0f), k(S * D, 1.0f), w(T * H, 1.0f);
   std::vector<int32_t> ks{0, 2}, ke{5, 10}, bad_end{5, 11}, bad_start{6, 5};
   std::vector<float> logits(T * S, 7.0f);
   std::vector<int32_t> top(T * topk, 7);
-  glm5::DsaKeys keys{k.data(), DType::F32, S, D, D, nullptr, 0};
+  const View q_v = dense(q.data(), DType::F32, {T, H, D}), w_v = dense(w.data(), DType::F32, {T, H});
+  const View keys = dense(k.data(), DType::F32, {S, D});
+  const View ks_v = dense(ks.data(), DType::I32, {T}), ke_v = dense(ke.data(), DType::I32, {T});
+  const View top_v = dense(top.data(), DType::I32, {T, topk});
+  auto topk_of = [&](const View& q_in, const View& k_in, const View& start, const View& end, const View& out) {
+    glm5::indexer_topk(out, q_in, k_in, nullptr, w_v, start, end, 1);
+  };
   auto untouched = [&] {
     return std::all_of(logits.begin(), logits.end(), [](float v) { return v == 7.0f; }) &&
            std::all_of(top.begin(), top.end(), [](int32_t v) { return v == 7; });
   };
-  CHECK(throws_invalid([&] { glm5::indexer_logits(logits.data(), S, q.data(), DType::F32, T, H, D, keys, w.data(), ks.data(), bad_end.data(), 1); }), "k_end > S");
-  CHECK(throws_invalid([&] { glm5::indexer_topk(top.data(), topk, q.data(), DType::F32, T, H, D, keys, w.data(), bad_start.data(), ke.data(), 1); }), "k_start > k_end");
-  CHECK(throws_invalid([&] { glm5::indexer_topk(top.data(), 0, q.data(), DType::F32, T, H, D, keys, w.data(), ks.data(), ke.data(), 1); }), "topk 0");
-  glm5::DsaKeys wrong_dim = keys;
-  wrong_dim.dim = D + 1;
-  CHECK(throws_invalid([&] { glm5::indexer_topk(top.data(), topk, q.data(), DType::F32, T, H, D, wrong_dim, w.data(), ks.data(), ke.data(), 1); }), "key dim");
-  glm5::DsaKeys wrong_dtype = keys;
-  wrong_dtype.dtype = DType::BF16;
-  CHECK(throws_invalid([&] { glm5::indexer_topk(top.data(), topk, q.data(), DType::F32, T, H, D, wrong_dtype, w.data(), ks.data(), ke.data(), 1); }), "key dtype");
-  glm5::DsaKeys fp8_no_scale = keys;
-  fp8_no_scale.dtype = DType::F8E4M3;
-  CHECK(throws_invalid([&] { glm5::indexer_topk(top.data(), topk, q.data(), DType::F32, T, H, D, fp8_no_scale, w.data(), ks.data(), ke.data(), 1); }), "fp8 without scale");
-  CHECK(throws_invalid([&] { glm5::indexer_topk(top.data(), topk, q.data(), static_cast<DType>(9), T, H, D, keys, w.data(), ks.data(), ke.data(), 1); }), "q dtype code");
+  CHECK(throws_invalid([&] {
+          glm5::indexer_logits(dense(logits.data(), DType::F32, {T, S}), q_v, keys, nullptr, w_v, ks_v,
+                               dense(bad_end.data(), DType::I32, {T}), 1);
+        }),
+        "k_end > S");
+  CHECK(throws_invalid([&] { topk_of(q_v, keys, dense(bad_start.data(), DType::I32, {T}), ke_v, top_v); }),
+        "k_start > k_end");
+  CHECK(throws_invalid([&] { topk_of(q_v, keys, ks_v, ke_v, dense(top.data(), DType::I32, {T, 0})); }), "topk 0");
+  CHECK(throws_invalid([&] { topk_of(q_v, strided(k.data(), DType::F32, {S, D + 1}, {D, 1}), ks_v, ke_v, top_v); }),
+        "key dim");
+  CHECK(throws_invalid([&] { topk_of(q_v, dense(k.data(), DType::BF16, {S, D}), ks_v, ke_v, top_v); }), "key dtype");
+  CHECK(throws_invalid([&] { topk_of(q_v, dense(k.data(), DType::F8E4M3, {S, D}), ks_v, ke_v, top_v); }),
+        "fp8 without scale");
+  CHECK(throws_invalid([&] { topk_of(dense(q.data(), static_cast<DType>(9), {T, H, D}), keys, ks_v, ke_v, top_v); }),
+        "q dtype code");
+  CHECK(throws_invalid([&] { topk_of(q_v, keys, ks_v, ke_v, dense(top.data(), DType::I32, {T + 1, topk})); }),
+        "out rows != T");
   CHECK(untouched(), "outputs written before an error");
 
   // paging: context_lens beyond the table, a used block id out of range, unused ones ignored
@@ -488,39 +512,51 @@ void test_invalid_inputs() {
   std::vector<float> cache(nb * bs * D, 1.0f);
   std::vector<int32_t> table{0, -1, 2, 1};  // sequence 0 uses block 0 only
   std::vector<int32_t> lens_ok{4, 8}, lens_long{4, 9}, lens_neg{-1, 0};
-  glm5::DsaPagedCache c{cache.data(), DType::F32, nb, bs, D, bs * D, D, nullptr, 0, 0};
-  glm5::DsaPaging pg{table.data(), 2, maxb, maxb, lens_ok.data()};
+  const View c = dense(cache.data(), DType::F32, {nb, bs, D});
+  const View table_v = dense(table.data(), DType::I32, {2, maxb}), lens_v = dense(lens_ok.data(), DType::I32, {2});
   std::vector<float> out(2 * H * D, 7.0f), lse(2 * H, 7.0f);
   std::vector<int32_t> ptop(2 * topk, 7), idx(2 * topk, 0);
-  auto decode = [&](const glm5::DsaPaging& p) {
-    glm5::sparse_mla_decode_paged(out.data(), lse.data(), q.data(), DType::F32, 2, 1, H, D, c, p, idx.data(), topk,
-                                  0.5f, D, 1);
+  const View out_v = dense(out.data(), DType::F32, {2, 1, H, D}), lse_v = dense(lse.data(), DType::F32, {2, 1, H});
+  const View pq = dense(q.data(), DType::F32, {2, 1, H, D}), idx_v = dense(idx.data(), DType::I32, {2, 1, topk});
+  auto decode = [&](const View& tab, const View& lens) {
+    glm5::sparse_mla_decode_paged(out_v, lse_v, pq, c, tab, lens, idx_v, 0.5f, 1);
   };
-  decode(pg);  // valid: block -1 is padding past context_lens[0]
+  auto dense_decode = [&](const View& o, const View& cache_v, const View& tab, float scale) {
+    glm5::dense_mla_decode_paged(o, lse_v, pq, cache_v, tab, lens_v, scale, 1);
+  };
+  decode(table_v, lens_v);  // valid: block -1 is padding past context_lens[0]
   std::fill(out.begin(), out.end(), 7.0f);
   std::fill(lse.begin(), lse.end(), 7.0f);
-  glm5::DsaPaging too_long = pg;
-  too_long.context_lens = lens_long.data();
-  CHECK(throws_invalid([&] { decode(too_long); }), "context_lens > capacity");
-  glm5::DsaPaging negative = pg;
-  negative.context_lens = lens_neg.data();
-  CHECK(throws_invalid([&] { decode(negative); }), "negative context_lens");
+  CHECK(throws_invalid([&] { decode(table_v, dense(lens_long.data(), DType::I32, {2})); }), "context_lens > capacity");
+  CHECK(throws_invalid([&] { decode(table_v, dense(lens_neg.data(), DType::I32, {2})); }), "negative context_lens");
   std::vector<int32_t> bad_table{0, -1, 2, 3};  // block 3 of 3, used by sequence 1
-  glm5::DsaPaging bad_block = pg;
-  bad_block.block_table = bad_table.data();
-  CHECK(throws_invalid([&] { decode(bad_block); }), "block id >= num_blocks");
-  CHECK(throws_invalid([&] { glm5::dense_mla_decode_paged(out.data(), lse.data(), q.data(), DType::F32, 2, 1, H, D, c, bad_block, 0.5f, D, 1); }), "dense: bad block id");
-  CHECK(throws_invalid([&] { glm5::indexer_topk_paged(ptop.data(), topk, q.data(), DType::F32, 2, 1, H, D, c, w.data(), bad_block, 1); }), "indexer paged: bad block id");
-  CHECK(throws_invalid([&] { glm5::dense_mla_decode_paged(out.data(), lse.data(), q.data(), DType::F32, 2, 1, H, D, c, pg, 0.5f, D + 1, 1); }), "d_v > Dqk");
-  CHECK(throws_invalid([&] { glm5::dense_mla_decode_paged(out.data(), lse.data(), q.data(), DType::F32, 2, 1, H, D, c, pg, std::nanf(""), D, 1); }), "nan sm_scale");
-  glm5::DsaPagedCache bf16_cache = c;
-  bf16_cache.dtype = DType::BF16;
-  CHECK(throws_invalid([&] { glm5::dense_mla_decode_paged(out.data(), lse.data(), q.data(), DType::F32, 2, 1, H, D, bf16_cache, pg, 0.5f, D, 1); }), "cache dtype");
+  const View bad_block = dense(bad_table.data(), DType::I32, {2, maxb});
+  CHECK(throws_invalid([&] { decode(bad_block, lens_v); }), "block id >= num_blocks");
+  CHECK(throws_invalid([&] { dense_decode(out_v, c, bad_block, 0.5f); }), "dense: bad block id");
+  CHECK(throws_invalid([&] {
+          glm5::indexer_topk_paged(dense(ptop.data(), DType::I32, {2, 1, topk}), pq, c, nullptr,
+                                   dense(w.data(), DType::F32, {2, 1, H}), bad_block, lens_v, 1);
+        }),
+        "indexer paged: bad block id");
+  CHECK(throws_invalid([&] { dense_decode(dense(out.data(), DType::F32, {2, 1, H, D + 1}), c, table_v, 0.5f); }),
+        "d_v > Dqk");
+  CHECK(throws_invalid([&] { dense_decode(out_v, c, table_v, std::nanf("")); }), "nan sm_scale");
+  CHECK(throws_invalid([&] { dense_decode(out_v, dense(cache.data(), DType::BF16, {nb, bs, D}), table_v, 0.5f); }),
+        "cache dtype");
+  CHECK(throws_invalid([&] { dense_decode(out_v, strided(cache.data(), DType::F32, {nb, bs, D}, {bs * D, D - 1, 1}),
+                                          table_v, 0.5f); }),
+        "overlapping cache rows");
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }) &&
             std::all_of(lse.begin(), lse.end(), [](float v) { return v == 7.0f; }) &&
             std::all_of(ptop.begin(), ptop.end(), [](int32_t v) { return v == 7; }),
         "paged outputs written before an error");
-  CHECK(throws_invalid([&] { glm5::sparse_mla_attention(out.data(), lse.data(), q.data(), DType::F32, 2, H, D, k.data(), S, D - 1, idx.data(), topk, 0.5f, D, 1); }), "kv row stride < Dqk");
+  CHECK(throws_invalid([&] {
+          glm5::sparse_mla_attention(dense(out.data(), DType::F32, {2, H, D}), dense(lse.data(), DType::F32, {2, H}),
+                                     dense(q.data(), DType::F32, {2, H, D}),
+                                     strided(k.data(), DType::F32, {S, D}, {D - 1, 1}),
+                                     dense(idx.data(), DType::I32, {2, topk}), 0.5f, 1);
+        }),
+        "kv row stride < Dqk");
 }
 
 }  // namespace

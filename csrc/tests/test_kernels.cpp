@@ -23,6 +23,7 @@
 #include "check.h"
 
 using glm5::DType;
+using glm5::dense;
 
 namespace {
 
@@ -87,7 +88,8 @@ void test_rms_silu_hadamard(int tier) {
       const int64_t rows = 3;
       Buf x = random_buf(d, rows * w, 3.0f), wt = random_buf(DType::F32, w);
       Buf out(d, rows * w);
-      glm5::rms_norm(out.data(), x.data(), wt.data(), rows, w, w, w, 1e-5f, d, DType::F32, 2);
+      glm5::rms_norm(dense(out.data(), d, {rows, w}), dense(x.data(), d, {rows, w}), dense(wt.data(), DType::F32, {w}),
+                     1e-5f, 2);
       for (int64_t r = 0; r < rows; ++r) {
         double ss = 0;
         for (int64_t i = 0; i < w; ++i) ss += x.get(r * w + i) * x.get(r * w + i);
@@ -99,7 +101,7 @@ void test_rms_silu_hadamard(int tier) {
       }
       Buf y(d, rows * w);
       Buf xs = random_buf(d, rows * 2 * w, 4.0f);
-      glm5::silu_and_mul(y.data(), xs.data(), rows, w, 2 * w, w, d, 2);
+      glm5::silu_and_mul(dense(y.data(), d, {rows, w}), dense(xs.data(), d, {rows, 2 * w}), 2);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < w; ++i) {
           const double g = xs.get(r * 2 * w + i), u = xs.get(r * 2 * w + w + i);
@@ -109,7 +111,7 @@ void test_rms_silu_hadamard(int tier) {
     for (int64_t dim = 1; dim <= 512; dim *= 2) {
       Buf x = random_buf(d, 2 * dim), out(d, 2 * dim);
       const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)));
-      glm5::hadamard_transform(out.data(), x.data(), 2, dim, dim, dim, scale, d, 2);
+      glm5::hadamard_transform(dense(out.data(), d, {2, dim}), dense(x.data(), d, {2, dim}), scale, 2);
       for (int64_t r = 0; r < 2; ++r)
         for (int64_t j = 0; j < dim; ++j) {
           double want = 0;
@@ -129,8 +131,8 @@ void test_rope(int tier) {
         Buf x = random_buf(d, T * H * rot), out(d, T * H * rot);
         std::vector<int64_t> pos(T);
         for (auto& p : pos) p = randint(-200000, 200000);
-        glm5::apply_rope(out.data(), x.data(), pos.data(), DType::I64, T, H, rot, H * rot, rot, H * rot, rot, 1e6,
-                         interleaved, d, 2);
+        glm5::apply_rope(dense(out.data(), d, {T, H, rot}), dense(x.data(), d, {T, H, rot}),
+                         dense(pos.data(), DType::I64, {T}), 1e6, interleaved, 2);
         const int64_t half = rot / 2;
         for (int64_t t = 0; t < T; ++t)
           for (int64_t h = 0; h < H; ++h)
@@ -152,7 +154,8 @@ void test_moe(int tier) {
     std::vector<int32_t> ids(T * k);
     for (auto& e : ids) e = randint(-2, E + 1);
     std::vector<int32_t> tpe(E), src(T * k);
-    const int64_t M = glm5::moe_permute_plan(tpe.data(), src.data(), ids.data(), T, k, k, E);
+    const int64_t M = glm5::moe_permute_plan(dense(tpe.data(), DType::I32, {E}), dense(src.data(), DType::I32, {T * k}),
+                                             dense(ids.data(), DType::I32, {T, k}));
     // naive plan: by expert, then flat index
     std::vector<int32_t> want;
     for (int e = 0; e < E; ++e)
@@ -165,7 +168,8 @@ void test_moe(int tier) {
     Buf x = random_buf(d, T * D);
     Buf xp(d, M * D);
     const int64_t es = glm5::dtype_bytes(d);
-    glm5::moe_permute_gather(xp.data(), x.data(), T, D * es, D * es, src.data(), M, k, 2);
+    glm5::moe_permute_gather(dense(xp.data(), d, {M, D}), dense(x.data(), d, {T, D}), dense(src.data(), DType::I32, {T * k}),
+                             k, 2);
     for (int64_t r = 0; r < M; ++r)
       CHECK(std::memcmp(xp.raw.data() + r * D * es, x.raw.data() + (src[r] / k) * D * es, D * es) == 0,
             "permute row %lld", (long long)r);
@@ -177,7 +181,8 @@ void test_moe(int tier) {
     src2.push_back(5);
     const int64_t M2 = static_cast<int64_t>(src2.size());
     Buf y = random_buf(d, M2 * D), out(d, T * D);
-    glm5::moe_unpermute(out.data(), y.data(), M2, D, D, src2.data(), w.data(), T, k, d, 2);
+    glm5::moe_unpermute(dense(out.data(), d, {T, D}), dense(y.data(), d, {M2, D}), dense(src2.data(), DType::I32, {M2}),
+                        dense(w.data(), DType::F32, {T, k}), 2);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < D; ++i) {
         double want_v = 0;
@@ -189,17 +194,30 @@ void test_moe(int tier) {
     Buf before = out;
     std::vector<int32_t> bad(src2);
     bad.back() = static_cast<int32_t>(T * k);
-    CHECK(throws_invalid([&] { glm5::moe_unpermute(out.data(), y.data(), M2, D, D, bad.data(), w.data(), T, k, d, 2); }),
+    CHECK(throws_invalid([&] {
+            glm5::moe_unpermute(dense(out.data(), d, {T, D}), dense(y.data(), d, {M2, D}), dense(bad.data(), DType::I32, {M2}),
+                                dense(w.data(), DType::F32, {T, k}), 2);
+          }),
           "unpermute accepts src = T*k");
     bad.back() = -1;
-    CHECK(throws_invalid([&] { glm5::moe_permute_gather(xp.data(), x.data(), T, D * es, D * es, bad.data(), M2, k, 2); }),
+    CHECK(throws_invalid([&] {
+            glm5::moe_permute_gather(dense(xp.data(), d, {M2, D}), dense(x.data(), d, {T, D}),
+                                     dense(bad.data(), DType::I32, {M2}), k, 2);
+          }),
           "permute gather accepts src = -1");
     CHECK(out.raw == before.raw, "unpermute wrote before raising");
   }
   std::vector<int32_t> tpe(4), src(4), ids(4, 0);
-  CHECK(throws_invalid([&] { glm5::moe_permute_plan(tpe.data(), src.data(), ids.data(), 2, 2, 2, 0); }),
+  CHECK(throws_invalid([&] {
+          glm5::moe_permute_plan(dense(tpe.data(), DType::I32, {0}), dense(src.data(), DType::I32, {4}),
+                                 dense(ids.data(), DType::I32, {2, 2}));
+        }),
         "num_experts = 0");
-  CHECK(throws_invalid([&] { glm5::moe_permute_plan(tpe.data(), src.data(), ids.data(), 2, 0, 2, 4); }), "k = 0");
+  CHECK(throws_invalid([&] {
+          glm5::moe_permute_plan(dense(tpe.data(), DType::I32, {4}), dense(src.data(), DType::I32, {0}),
+                                 glm5::strided(ids.data(), DType::I32, {2, 0}, {2, 1}));
+        }),
+        "k = 0");
 }
 
 void test_kv(int tier) {
@@ -211,12 +229,13 @@ void test_kv(int tier) {
     Buf want = cache;
     for (int64_t t = 0; t < 7; ++t)
       if (sm[t] >= 0) std::memcpy(want.raw.data() + sm[t] * D * es, values.raw.data() + t * D * es, D * es);
-    glm5::kv_cache_write(cache.data(), slots, D * es, values.data(), D * es, 7, sm.data(), DType::I64, 2);
+    const glm5::View cache_v = dense(cache.data(), d, {blocks, bs, D}), values_v = dense(values.data(), d, {7, D});
+    glm5::kv_cache_write(cache_v, values_v, dense(sm.data(), DType::I64, {7}), 2);
     CHECK(cache.raw == want.raw, "kv_cache_write %s", name(d));
     for (auto bad : {std::vector<int64_t>{3, -1, 20, 0, -1, 7, 12}, std::vector<int64_t>{3, -2, 1, 0, -1, 7, 12},
                      std::vector<int64_t>{3, -1, 1, 0, -1, 3, 12}}) {
       CHECK(throws_invalid([&] {
-              glm5::kv_cache_write(cache.data(), slots, D * es, values.data(), D * es, 7, bad.data(), DType::I64, 2);
+              glm5::kv_cache_write(cache_v, values_v, dense(bad.data(), DType::I64, {7}), 2);
             }),
             "kv_cache_write accepts a bad slot");
       CHECK(cache.raw == want.raw, "kv_cache_write wrote before raising");
@@ -224,10 +243,11 @@ void test_kv(int tier) {
     // gather
     std::vector<int32_t> table = {4, 0, -1, 2, 3, 1};  // B=2, max_blocks=3
     std::vector<int32_t> lens = {6, 12};
-    const int64_t rows = glm5::kv_cache_gather_rows(lens.data(), 2, 3, bs);
+    const glm5::View table_v = dense(table.data(), DType::I32, {2, 3}), lens_v = dense(lens.data(), DType::I32, {2});
+    const int64_t rows = glm5::kv_cache_gather_rows(cache_v, table_v, lens_v);
     CHECK(rows == 18, "gather rows %lld", (long long)rows);
     Buf out(d, rows * D);
-    glm5::kv_cache_gather(out.data(), rows, cache.data(), blocks, bs, D * es, table.data(), 2, 3, 3, lens.data(), 2);
+    glm5::kv_cache_gather(dense(out.data(), d, {rows, D}), cache_v, table_v, lens_v, 2);
     int64_t r = 0;
     for (int b = 0; b < 2; ++b)
       for (int p = 0; p < lens[b]; ++p, ++r) {
@@ -239,12 +259,13 @@ void test_kv(int tier) {
     std::vector<int32_t> bad_table = {4, 0, 5, 2, 3, 1};   // block 5 >= num_blocks, in use for len 12 > 8
     std::vector<int32_t> long_lens = {12, 12};
     CHECK(throws_invalid([&] {
-            glm5::kv_cache_gather(out.data(), 24, cache.data(), blocks, bs, D * es, bad_table.data(), 2, 3, 3,
-                                  long_lens.data(), 2);
+            glm5::kv_cache_gather(dense(out.data(), d, {24, D}), cache_v, dense(bad_table.data(), DType::I32, {2, 3}),
+                                  dense(long_lens.data(), DType::I32, {2}), 2);
           }),
           "gather accepts block id 5");
     std::vector<int32_t> too_long = {13, 0};
-    CHECK(throws_invalid([&] { glm5::kv_cache_gather_rows(too_long.data(), 2, 3, bs); }), "gather accepts len 13");
+    CHECK(throws_invalid([&] { glm5::kv_cache_gather_rows(cache_v, table_v, dense(too_long.data(), DType::I32, {2})); }),
+          "gather accepts len 13");
     CHECK(out.raw == untouched.raw, "gather wrote before raising");
   }
   // indexer keys: fp8 codes and scales against the scalar rule
@@ -255,7 +276,8 @@ void test_kv(int tier) {
       std::vector<uint8_t> kc(slots * Dk, 0xaa);
       std::vector<float> ks(slots, -1.0f);
       std::vector<int32_t> sm = {4, -1, 9};
-      glm5::indexer_k_cache_write(k.data(), 3, Dk, Dk, d, kc.data(), ks.data(), slots, sm.data(), DType::I32, ue8m0, 2);
+      glm5::indexer_k_cache_write(dense(k.data(), d, {3, Dk}), dense(kc.data(), DType::F8E4M3, {blocks, bs, Dk}),
+                                  dense(ks.data(), DType::F32, {blocks, bs}), dense(sm.data(), DType::I32, {3}), ue8m0, 2);
       for (int64_t t : {0, 2}) {
         double amax = 0;
         for (int64_t i = 0; i < Dk; ++i) amax = std::max(amax, std::fabs(k.get(t * Dk + i)));
@@ -284,14 +306,15 @@ void test_fp8_block_quant(int tier) {
     x.set(0, 0.0f);
     std::vector<uint8_t> q(rows * cols);
     std::vector<float> s(rows * cols / block);
-    glm5::fp8_block_quant(q.data(), s.data(), x.data(), rows, cols, cols, block, false, d, 2);
+    const glm5::View q_v = dense(q.data(), DType::F8E4M3, {rows, cols}), x_v = dense(x.data(), d, {rows, cols});
+    glm5::fp8_block_quant(q_v, dense(s.data(), DType::F32, {rows, cols / block}), x_v, block, false, 2);
     for (int64_t b = 0; b < rows * cols / block; ++b) {
       double amax = 0;
       for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x.get(b * block + i)));
       CHECK(s[b] == std::max(static_cast<float>(amax), 1e-4f) / 448.0f, "fp8 scale tier %d %s", tier, name(d));
     }
     std::vector<uint8_t> q2(q);
-    CHECK(throws_invalid([&] { glm5::fp8_block_quant(q.data(), s.data(), x.data(), rows, cols, cols, 7, false, d, 2); }),
+    CHECK(throws_invalid([&] { glm5::fp8_block_quant(q_v, dense(s.data(), DType::F32, {rows, 5}), x_v, 7, false, 2); }),
           "block 7 of 40");
     CHECK(q == q2, "fp8 wrote before raising");
   }
@@ -305,9 +328,11 @@ void test_int4(int tier) {
       Buf fake(d, rows * cols);
       std::vector<int32_t> packed(rows * cols / 8);
       std::vector<float> scale(rows * cols / group);
-      glm5::int4_quantize(fake.data(), packed.data(), scale.data(), w.data(), rows, cols, cols, group, d, 2);
+      const glm5::View fake_v = dense(fake.data(), d, {rows, cols}), packed_v = dense(packed.data(), DType::I32, {rows, cols / 8});
+      const glm5::View scale_v = dense(scale.data(), DType::F32, {rows, cols / group});
+      glm5::int4_quantize(&fake_v, &packed_v, &scale_v, dense(w.data(), d, {rows, cols}), group, 2);
       std::vector<float> back(rows * cols);
-      glm5::int4_unpack(back.data(), packed.data(), scale.data(), rows, cols / 8, cols / 8, group, 2);
+      glm5::int4_unpack(dense(back.data(), DType::F32, {rows, cols}), packed_v, scale_v, group, 2);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t g = 0; g < cols / group; ++g) {
           double amax = 0;
@@ -323,7 +348,8 @@ void test_int4(int tier) {
         }
       std::vector<int32_t> before(packed);
       CHECK(throws_invalid([&] {
-              glm5::int4_quantize(nullptr, packed.data(), scale.data(), w.data(), rows, 44, cols, 4, d, 2);
+              const glm5::View scale44 = dense(scale.data(), DType::F32, {rows, 11});
+              glm5::int4_quantize(nullptr, &packed_v, &scale44, glm5::strided(w.data(), d, {rows, 44}, {cols, 1}), 4, 2);
             }),
             "int4_pack accepts K = 44");
       CHECK(packed == before, "int4_pack wrote before raising");
@@ -336,23 +362,23 @@ void test_route() {
                                1.0f, 1.0f, std::nanf(""), 0.0f, 1.0f, 1.0f, -5.0f, -5.0f};
   std::vector<float> w(2 * 3, -1.0f);
   std::vector<int32_t> ids(2 * 3, -1);
-  glm5::moe_route(w.data(), ids.data(), logits.data(), DType::F32, 2, 8, 8, nullptr, DType::F32, 3, 1, 1, 2.5f, true,
-                  false, 1);
+  glm5::moe_route(dense(w.data(), DType::F32, {2, 3}), dense(ids.data(), DType::I32, {2, 3}),
+                  dense(logits.data(), DType::F32, {2, 8}), nullptr, 1, 1, 2.5f, true, false, 1);
   CHECK(ids[0] == 4 && ids[1] == 1 && ids[2] == 7, "route ids %d %d %d", ids[0], ids[1], ids[2]);
   CHECK(ids[3] == 2 && ids[4] == 0 && ids[5] == 1, "route nan first, ties by index: %d %d %d", ids[3], ids[4], ids[5]);
   double sum = 0;
   for (int j = 0; j < 3; ++j) sum += w[j];
   CHECK(std::fabs(sum - 2.5) < 1e-5, "route weights sum to the scaling factor: %g", sum);
   // groups: keep the 2 best groups by top-2 sums (g0 1.41, g3 1.23 > g2 1.07 > g1 0.89), then top 3 inside
-  glm5::moe_route(w.data(), ids.data(), logits.data(), DType::F32, 1, 8, 8, nullptr, DType::F32, 3, 4, 2, 1.0f, false,
-                  false, 1);
+  glm5::moe_route(dense(w.data(), DType::F32, {1, 3}), dense(ids.data(), DType::I32, {1, 3}),
+                  dense(logits.data(), DType::F32, {1, 8}), nullptr, 4, 2, 1.0f, false, false, 1);
   std::vector<int32_t> got(ids.begin(), ids.begin() + 3);
   std::sort(got.begin(), got.end());
   CHECK(got[0] == 0 && got[1] == 1 && got[2] == 7, "grouped route (groups 0 and 3 win) %d %d %d", got[0], got[1], got[2]);
   std::vector<int32_t> before(ids);
   CHECK(throws_invalid([&] {
-          glm5::moe_route(w.data(), ids.data(), logits.data(), DType::F32, 2, 8, 8, nullptr, DType::F32, 5, 4, 2, 1.0f,
-                          true, false, 1);
+          glm5::moe_route(dense(w.data(), DType::F32, {2, 5}), dense(ids.data(), DType::I32, {2, 5}),
+                          dense(logits.data(), DType::F32, {2, 8}), nullptr, 4, 2, 1.0f, true, false, 1);
         }),
         "route top_k 5 > topk_group * per_group 4");
   CHECK(ids == before, "route wrote before raising");
@@ -361,13 +387,23 @@ void test_route() {
 void test_bad_codes() {
   std::vector<float> x(8, 1.0f), out(8, 7.0f);
   CHECK(throws_invalid([&] {
-          glm5::rms_norm(out.data(), x.data(), x.data(), 1, 8, 8, 8, 1e-5f, static_cast<DType>(9), DType::F32, 1);
+          glm5::rms_norm(dense(out.data(), DType::F32, {1, 8}), dense(x.data(), static_cast<DType>(9), {1, 8}),
+                         dense(x.data(), DType::F32, {8}), 1e-5f, 1);
         }),
         "rms_norm dtype 9");
-  CHECK(throws_invalid([&] { glm5::hadamard_transform(out.data(), x.data(), 1, 6, 8, 8, 1.0f, DType::F32, 1); }),
+  CHECK(throws_invalid([&] {
+          glm5::hadamard_transform(dense(out.data(), DType::F32, {1, 6}), dense(x.data(), DType::F32, {1, 6}), 1.0f, 1);
+        }),
         "hadamard dim 6");
-  CHECK(throws_invalid([&] { glm5::silu_and_mul(out.data(), x.data(), 1, 4, 8, 4, DType::I32, 1); }),
+  CHECK(throws_invalid([&] {
+          glm5::silu_and_mul(dense(out.data(), DType::F32, {1, 4}), dense(x.data(), DType::I32, {1, 8}), 1);
+        }),
         "silu int dtype");
+  CHECK(throws_invalid([&] {
+          glm5::rms_norm(glm5::strided(out.data(), DType::F32, {2, 4}, {2, 1}), dense(x.data(), DType::F32, {2, 4}),
+                         dense(x.data(), DType::F32, {4}), 1e-5f, 1);
+        }),
+        "rms_norm output rows overlap");
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }), "wrote before raising");
 }
 

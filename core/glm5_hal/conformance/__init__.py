@@ -7,7 +7,9 @@ Modules: `case` (Case, View, input helpers), `cases/` (one generator module per 
 family), `tolerance` (the per-dtype base table and widening), `transforms` (dequantize
 before comparing), `compare` (the rules Close, Exact, TopKSet), `suite` (which items a run
 has), `runner` (run one case for one backend -> Record), `record`, `report` (JSON, JUnit,
-Markdown, terminal matrix), `progress`, `pytest_plugin`.
+Markdown, terminal matrix), `machine` (where a report was made), `matrix` (many reports
+merged: `glm5-hal conformance merge`), `html` (the merged matrix as one page), `diff` (what
+got worse: `glm5-hal conformance diff`), `progress`, `pytest_plugin`.
 
 Attributes load on first access: the pytest plugin imports this package in every pytest
 session of an environment where glm5_hal is installed, and must not import torch there.

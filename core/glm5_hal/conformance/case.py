@@ -14,7 +14,8 @@
   result), `out[i]` (element i of a tuple result) or an argument name (the whole destination
   of an in-place op, after the call).
 - `outcome`: `RESULT` (the call must return and every check pass), `ERROR` (the contract
-  demands `InvalidInputError`; in-place destinations must be left untouched) or
+  demands `InvalidInputError`, naming `error_arg` when given; in-place destinations must be
+  left untouched) or
   `RESULT_OR_ERROR` (e.g. non-contiguous inputs: handled correctly or rejected with
   `InvalidInputError`, never miscomputed).
 """
@@ -53,6 +54,7 @@ class Case:
     checks: Mapping[str, Rule] = dataclasses.field(default_factory=dict)
     outcome: str = RESULT
     note: str = ""       # what the case is about, shown with failures
+    error_arg: str = ""  # ERROR cases: the argument the InvalidInputError must name ("": any)
 
     def __post_init__(self) -> None:
         where = f"conformance case {self.op}/{self.preset}/{self.name}"
@@ -64,6 +66,8 @@ class Case:
             raise ValueError(f"{where}: a case name is non-empty without '/', '[', ']' or spaces")
         if self.outcome != ERROR and not self.checks:
             raise ValueError(f"{where}: a case expecting a result needs at least one check")
+        if self.error_arg and self.outcome != ERROR:
+            raise ValueError(f"{where}: error_arg is for cases whose outcome is ERROR")
 
     @property
     def id(self) -> str:
@@ -76,6 +80,14 @@ class Case:
 
     def make_inputs(self) -> tuple:
         return tuple(self.inputs(torch.Generator().manual_seed(self.seed)))
+
+
+def expected_errors(op: str, preset: str, dtype: torch.dtype, table) -> list[Case]:
+    """Expected-error cases from a table of `(name, inputs(g, dtype), argument, note)`: the
+    InvalidInputError must name `argument`."""
+    return [Case(op, preset, name, dtype, lambda g, make=make: make(g, dtype), outcome=ERROR,
+                 error_arg=arg, note=note)
+            for name, make, arg, note in table]
 
 
 # -- input helpers for case modules ---------------------------------------------------------

@@ -5,7 +5,8 @@ import dataclasses
 import math
 
 PASS, FAIL, SKIP, FALLBACK, ERROR = "pass", "fail", "skip", "fallback", "error"
-STATUSES = (PASS, FAIL, ERROR, FALLBACK, SKIP)   # report order: worst news first after pass
+CONTRACT = "contract"   # certification runs only (glm5_hal.conformance.certify)
+STATUSES = (PASS, FAIL, ERROR, FALLBACK, SKIP, CONTRACT)   # report order: worst news first after pass
 
 #: what each status means (reports and docs use these words)
 MEANING = {
@@ -16,6 +17,8 @@ MEANING = {
     FALLBACK: "the backend did not take the call (op, dtype or supports() declined): the "
               "reference would run; not a pass",
     SKIP: "the backend is unavailable here, or its device does not support the dtype",
+    CONTRACT: "an expected-error case the op's own checks rejected before any backend ran "
+              "(certification runs): the contract's result, not the backend's pass",
 }
 
 
@@ -39,21 +42,23 @@ class Record:
     duration_ms: float = 0.0      # the whole case: inputs, backend call, reference, checks
     worst: dict | None = None
     outputs: list = dataclasses.field(default_factory=list)  # one entry per checked target
+    inputs: str = ""     # the arguments as the op saw them: dtype[shape], layout, scalars
+    note: str = ""       # what the case is about (Case.note)
 
     def to_dict(self) -> dict:
-        return _json_safe(dataclasses.asdict(self))
+        return json_safe(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Record":
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-def _json_safe(v):
+def json_safe(v):
     """Strict JSON has no NaN/Infinity: non-finite floats become strings."""
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     return v

@@ -9,20 +9,24 @@ import collections
 import datetime
 import json
 import platform
+import shlex
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record
+from .record import CONTRACT, ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record
 
-JSON_SCHEMA_VERSION = 1
+# 2: meta.machine and meta.command; records carry inputs and note
+JSON_SCHEMA_VERSION = 2
 
 
 def metadata(backends: list[str], ops: list[str], presets: list[str], ref: str,
-             workers: int) -> dict:
-    """Run facts a reader needs to reproduce or compare a report."""
+             workers: int, command: str | None = None) -> dict:
+    """Run facts a reader needs to reproduce or compare a report. `command` is the command
+    line that reproduces the run (default: this process's arguments)."""
     import torch
     import glm5_hal as hal
+    from .machine import machine
     from .runner import REFERENCE_MODES
     from .suite import ops_without_cases
     rows = {r.name: r for r in hal.backends()}
@@ -42,6 +46,8 @@ def metadata(backends: list[str], ops: list[str], presets: list[str], ref: str,
         "presets": presets,
         "workers": workers,
         "argv": sys.argv[1:],
+        "command": command or shlex.join(sys.argv),
+        "machine": machine(),
     }
 
 
@@ -99,13 +105,13 @@ def format_matrix(records: list[Record], *, max_problems: int = 20) -> str:
     if problems:
         out.append("")
         for r in problems[:max_problems]:
-            out.append(f"{r.status.upper():<8} {r.backend} {r.case}: {_one_line(r.reason)}")
+            out.append(f"{r.status.upper():<8} {r.backend} {r.case}: {one_line(r.reason)}")
         if len(problems) > max_problems:
             out.append(f"... and {len(problems) - max_problems} more (see --json)")
     return "\n".join(out)
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def one_line(text: str, limit: int = 300) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -117,7 +123,7 @@ def to_json(records: list[Record], meta: dict) -> dict:
 
 
 def write_json(path: str | Path, records: list[Record], meta: dict) -> None:
-    _write(path, json.dumps(to_json(records, meta), indent=1, allow_nan=False) + "\n")
+    write_text(path, json.dumps(to_json(records, meta), indent=1, allow_nan=False) + "\n")
 
 
 # -- JUnit XML -----------------------------------------------------------------------------
@@ -145,20 +151,20 @@ def to_junit(records: list[Record], meta: dict) -> ET.Element:
             case = ET.SubElement(suite, "testcase", classname=f"glm5_hal.conformance.{backend}.{r.op}",
                                  name=r.case, time=f"{r.duration_ms / 1e3:.4f}")
             if r.status == FAIL:
-                ET.SubElement(case, "failure", message=_one_line(r.reason), type="ConformanceFailure").text = _details(r)
+                ET.SubElement(case, "failure", message=one_line(r.reason), type="ConformanceFailure").text = _details(r)
             elif r.status == ERROR:
-                ET.SubElement(case, "error", message=_one_line(r.reason), type="BackendError").text = _details(r)
+                ET.SubElement(case, "error", message=one_line(r.reason), type="BackendError").text = _details(r)
             elif r.status == SKIP:
-                ET.SubElement(case, "skipped", message=_one_line(r.reason))
+                ET.SubElement(case, "skipped", message=one_line(r.reason))
             elif r.status == FALLBACK:
-                ET.SubElement(case, "skipped", message=_one_line(f"fallback: {r.reason}"))
+                ET.SubElement(case, "skipped", message=one_line(f"fallback: {r.reason}"))
     return root
 
 
 def write_junit(path: str | Path, records: list[Record], meta: dict) -> None:
     root = to_junit(records, meta)
     ET.indent(root)
-    _write(path, ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n")
+    write_text(path, ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n")
 
 
 def _details(r: Record) -> str:
@@ -168,7 +174,7 @@ def _details(r: Record) -> str:
 
 
 # -- Markdown ------------------------------------------------------------------------------
-_MARK = {PASS: "✅", FAIL: "❌", ERROR: "❌", FALLBACK: "⚠️", SKIP: "⏭️"}
+_MARK = {PASS: "✅", FAIL: "❌", ERROR: "❌", FALLBACK: "⚠️", SKIP: "⏭️", CONTRACT: "☑️"}
 
 
 def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) -> str:
@@ -182,13 +188,18 @@ def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) ->
     devices = [f"`{b}`: {meta.get('backends', {}).get(b, {}).get('device_name') or '?'}" for b in backends]
     if devices:
         lines += ["Devices: " + "; ".join(devices), ""]
+    if meta.get("machine"):
+        from .machine import describe
+        lines += [f"Machine: {describe(meta['machine'])}", ""]
+    if meta.get("command"):
+        lines += [f"Command: `{meta['command']}`", ""]
     lines.append("| op | " + " | ".join(f"`{b}`" for b in backends) + " |")
     lines.append("|---|" + "---|" * len(backends))
     for op in ops:
         cells = []
         for b in backends:
             c = table[(op, b)]
-            worst = next((s for s in (FAIL, ERROR, FALLBACK, SKIP, PASS) if c[s]), None)
+            worst = next((s for s in (FAIL, ERROR, FALLBACK, SKIP, PASS, CONTRACT) if c[s]), None)
             cells.append(f"{_MARK[worst]} {_cell(c)}" if worst else "-")
         lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
     if meta.get("ops_without_cases"):
@@ -198,7 +209,7 @@ def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) ->
     if problems:
         lines += ["", "### Not passing", "", "| backend | case | status | reason |", "|---|---|---|---|"]
         for r in problems[:max_problems]:
-            reason = _one_line(r.reason, 200).replace("|", "\\|")
+            reason = one_line(r.reason, 200).replace("|", "\\|")
             lines.append(f"| `{r.backend}` | `{r.case}` | {r.status} | {reason} |")
         if len(problems) > max_problems:
             lines.append(f"\n... and {len(problems) - max_problems} more (see the JSON report)")
@@ -206,10 +217,11 @@ def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) ->
 
 
 def write_markdown(path: str | Path, records: list[Record], meta: dict) -> None:
-    _write(path, to_markdown(records, meta))
+    write_text(path, to_markdown(records, meta))
 
 
-def _write(path: str | Path, text: str) -> None:
+def write_text(path: str | Path, text: str) -> None:
+    """Writes a report file, creating its folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")

@@ -50,7 +50,8 @@ def run_case(backend: str, case: Case, ref: str = "cpu") -> Record:
     import glm5_hal as hal
 
     start = time.perf_counter()
-    record = Record(backend, "", case.op, case.id, case.preset, dtype_name(case.dtype), ERROR)
+    record = Record(backend, "", case.op, case.id, case.preset, dtype_name(case.dtype), ERROR,
+                    note=case.note)
     try:
         b = hal.get_backend(backend)
         avail = b.availability()
@@ -74,6 +75,7 @@ def run_case(backend: str, case: Case, ref: str = "cpu") -> Record:
         record.device = _device_label(device)
         op = lookup(case.op)
         cpu_args = case.make_inputs()
+        record.inputs = describe_inputs(list(op.signature.parameters), cpu_args)
         args = _to_device(cpu_args, device)
         _judge(record, case, op, cpu_args, args, device, ref)
     except Exception as exc:  # a case must never take the run down
@@ -120,6 +122,10 @@ def _judge(record: Record, case: Case, op, cpu_args: tuple, args: tuple, device:
         if changed:
             record.status = FAIL
             record.reason = f"raised InvalidInputError but modified {changed}: {raised}"
+            return
+        if case.outcome == EXPECT_ERROR and case.error_arg and raised.arg != case.error_arg:
+            record.status = FAIL
+            record.reason = f"raised InvalidInputError naming {raised.arg!r}, expected {case.error_arg!r}: {raised}"
             return
         record.status = PASS
         record.reason = f"rejected with InvalidInputError: {raised}"
@@ -171,6 +177,30 @@ def _summarise(record: Record, verdicts: list[tuple[str, Verdict]]) -> None:
 
 
 # -- inputs, outputs and devices -------------------------------------------------------------
+_SHOWN_VALUES = 8   # integer tensors up to this many elements are shown with their values
+
+
+def describe_inputs(names: list[str], cpu_args: tuple) -> str:
+    """The arguments as the op sees them, for a report: `x=bfloat16[3, 17] strides (34, 2)`,
+    small integer tensors with their values, scalars as they are."""
+    return ", ".join(f"{n}={_describe(a)}" for n, a in zip(names, _pristine(cpu_args)))
+
+
+def _describe(a: Any) -> str:
+    if isinstance(a, tuple):
+        return "(" + ", ".join(_describe(x) for x in a) + ")"
+    if not isinstance(a, torch.Tensor):
+        return repr(a)
+    text = f"{dtype_name(a.dtype)}{list(a.shape)}"
+    if not a.is_contiguous():
+        text += f" strides {tuple(a.stride())}"
+    if a.storage_offset():
+        text += f" offset {a.storage_offset()}"
+    if not a.is_floating_point() and 0 < a.numel() <= _SHOWN_VALUES:
+        text += f" = {a.tolist()}"
+    return text
+
+
 def _device(device_type: str) -> torch.device:
     return torch.device("cpu" if device_type in ("cpu", ANY_DEVICE) else device_type)
 

@@ -7,8 +7,10 @@ import math
 
 from .. import presets
 from ..errors import InvalidInputError
+from .hf_config import glm5_config_from_hf
 
 ATTENTION_MODES = ("sparse", "dense")
+INDEXER_TYPES = ("full", "shared")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +27,10 @@ class GLM5Config(presets.ModelDims):
     indexer_fp8: the indexer keeps FP8 keys (one scale per row, `indexer_k_cache_write`) and
         FP8-quantizes its queries with the scale folded into the head weights, as
         DeepSeek-V3.2's inference code does.
+    indexer_types: per layer "full" (the layer runs its indexer) or "shared" (it has no
+        indexer and reuses the top-k of the previous full layer: GLM-5.x cross-layer top-k
+        sharing, arXiv 2603.12201, HF `indexer_types`); None: every layer "full". The first
+        layer must be "full".
     """
     norm_topk_prob: bool = True
     lora_norm_eps: float = 1e-6
@@ -32,6 +38,7 @@ class GLM5Config(presets.ModelDims):
     attention: str = "sparse"
     indexer_fp8: bool = False
     indexer_scale_fmt: str | None = None
+    indexer_types: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "q_lora_rank",
@@ -64,6 +71,14 @@ class GLM5Config(presets.ModelDims):
         _require("attention", self.attention, f"one of {ATTENTION_MODES}", self.attention in ATTENTION_MODES)
         _require("indexer_scale_fmt", self.indexer_scale_fmt, "None or 'ue8m0'",
                  self.indexer_scale_fmt in (None, "ue8m0"))
+        if self.indexer_types is not None:
+            types = self.indexer_types
+            _require("indexer_types", types, f"a sequence of {self.num_layers} of {INDEXER_TYPES} "
+                     "(one per layer)", isinstance(types, (list, tuple)) and len(types) == self.num_layers
+                     and all(t in INDEXER_TYPES for t in types))
+            _require("indexer_types", types, "'full' for layer 0 (a shared layer reuses the top-k of "
+                     "the previous full layer)", types[0] == "full")
+            object.__setattr__(self, "indexer_types", tuple(types))   # hashable, like the rest
 
     @property
     def sm_scale(self) -> float:
@@ -74,6 +89,10 @@ class GLM5Config(presets.ModelDims):
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.first_dense_layers
 
+    def shares_topk(self, layer: int) -> bool:
+        """The layer has no indexer and reuses the previous full layer's top-k."""
+        return self.indexer_types is not None and self.indexer_types[layer] == "shared"
+
     def replace(self, **changes) -> "GLM5Config":
         return dataclasses.replace(self, **changes)
 
@@ -83,6 +102,13 @@ class GLM5Config(presets.ModelDims):
         values = dataclasses.asdict(dims)
         values.update(overrides)
         return cls(**values)
+
+    @classmethod
+    def from_hf_config(cls, source, **overrides) -> "GLM5Config":
+        """The config of an HF `glm_moe_dsa` checkpoint: its config.json (a path, its folder,
+        its parsed dict) or a transformers config object, read without transformers
+        (`glm5_hal.models.hf_config`: HF's defaults, `indexer_types`, what is rejected)."""
+        return glm5_config_from_hf(cls, source, **overrides)
 
     @classmethod
     def glm5(cls, **overrides) -> "GLM5Config":

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops as hal_ops
+from ..errors import InvalidInputError
 from .config import GLM5Config
 
 # Every op call below goes through this name so that `trace.record_ops()` can observe which
@@ -32,7 +33,7 @@ IndexCache = Union[Tensor, "tuple[Tensor, Tensor]"]
 class LayerCache(NamedTuple):
     """One layer's paged caches (block geometry shared by every layer)."""
     kv: Tensor                      # [num_blocks, block_size, d_qk]: rows cat(c_kv, k_pe)
-    index_keys: IndexCache | None   # None when the model attends densely (no indexer)
+    index_keys: IndexCache | None   # None when the layer runs no indexer (dense, or "shared")
 
 
 class Step(NamedTuple):
@@ -211,9 +212,11 @@ def write_index_keys(keys: Tensor, cache: IndexCache, slot_mapping: Tensor, scal
 
 
 class MLAAttention(nn.Module):
-    """`self_attn`: multi-head latent attention with the DSA indexer."""
+    """`self_attn`: multi-head latent attention with the DSA indexer. A layer whose
+    `indexer_types` entry is "shared" has no indexer (as in HF) and attends to the top-k
+    of the previous full layer."""
 
-    def __init__(self, config: GLM5Config):
+    def __init__(self, config: GLM5Config, layer: int):
         super().__init__()
         self.config = config
         c = config
@@ -224,9 +227,14 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.lora_norm_eps)
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), bias=False)
         self.o_proj = nn.Linear(c.num_heads * c.v_head_dim, c.hidden_size, bias=False)
-        self.indexer = Indexer(c)
+        self.indexer = None if c.shares_topk(layer) else Indexer(c)
 
-    def forward(self, x: Tensor, step: Step, cache: LayerCache) -> Tensor:
+    def forward(self, x: Tensor, step: Step, cache: LayerCache,
+                shared_top: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The attention output [T, hidden] and the top-k this layer attended to (None when
+        dense), which the next layer reuses if it is "shared". `shared_top` is that top-k
+        from the previous layer: decode [B, 1, topk] logical positions, prefill [T, topk]
+        rows of the gathered context."""
         c = self.config
         tokens = x.shape[0]
         q_latent = self.q_a_layernorm(self.q_a_proj(x))
@@ -242,46 +250,56 @@ class MLAAttention(nn.Module):
         query = torch.cat([torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe], dim=-1)   # [T, H, d_qk]
 
         index = None
-        if c.attention == "sparse":
+        if c.attention == "sparse" and self.indexer is not None:
             index = self.indexer(x, q_latent, step.positions)
             write_index_keys(index[1], cache.index_keys, step.slot_mapping, c.indexer_scale_fmt)
+        if c.attention == "sparse" and index is None and shared_top is None:
+            raise InvalidInputError("MLAAttention", "shared_top", "the top-k of the previous full layer "
+                                    "(this layer's indexer_types entry is 'shared')", None)
         if step.k_start is None:
-            latent = self._decode(query, index, step, cache)
+            latent, top = self._decode(query, index, shared_top, step, cache)
         else:
-            latent = self._prefill(query, index, step, cache)
+            latent, top = self._prefill(query, index, shared_top, step, cache)
         out = torch.einsum("thc,hvc->thv", latent, w_uv)                                # [T, H, v]
-        return self.o_proj(out.reshape(tokens, c.num_heads * c.v_head_dim))
+        return self.o_proj(out.reshape(tokens, c.num_heads * c.v_head_dim)), top
 
-    def _decode(self, query: Tensor, index, step: Step, cache: LayerCache) -> Tensor:
+    def _decode(self, query: Tensor, index, top: Tensor | None, step: Step,
+                cache: LayerCache) -> tuple[Tensor, Tensor | None]:
         """One new token per sequence, attending through the block tables."""
         c = self.config
         query = query.unsqueeze(1)                                                      # [B, 1, H, d_qk]
-        if index is None:
+        if c.attention == "dense":
             out, _ = ops.dense_mla_decode_paged(query, cache.kv, step.block_table, step.context_lens,
                                                 c.sm_scale, c.d_v)
-        else:
+            return out.squeeze(1), None
+        if index is not None:
             q, _, weights = index
             top = ops.indexer_topk_paged(q.unsqueeze(1), cache.index_keys, weights.unsqueeze(1),
                                          step.block_table, step.context_lens, c.index_topk)
-            out, _ = ops.sparse_mla_decode_paged(query, cache.kv, step.block_table, step.context_lens,
-                                                 top, c.sm_scale, c.d_v)
-        return out.squeeze(1)
+        out, _ = ops.sparse_mla_decode_paged(query, cache.kv, step.block_table, step.context_lens,
+                                             top, c.sm_scale, c.d_v)
+        return out.squeeze(1), top
 
-    def _prefill(self, query: Tensor, index, step: Step, cache: LayerCache) -> Tensor:
+    def _prefill(self, query: Tensor, index, top: Tensor | None, step: Step,
+                 cache: LayerCache) -> tuple[Tensor, Tensor | None]:
         """Any number of new tokens per sequence: the sequences' rows (cached context and
-        the rows just written) are gathered once and each token attends within its range."""
+        the rows just written) are gathered once and each token attends within its range.
+        The gathered rows are in the same order in every layer, so a shared layer's top-k
+        indexes its own rows."""
         c = self.config
         rows = ops.kv_cache_gather(cache.kv, step.block_table, step.context_lens)      # [S, d_qk]
-        if index is None:
+        if c.attention == "dense":
             span = int((step.k_end - step.k_start).max())
             candidates = step.k_start.unsqueeze(1) + torch.arange(span, device=query.device, dtype=torch.int32)
-            top = torch.where(candidates < step.k_end.unsqueeze(1), candidates, -1)
-        else:
+            out, _ = ops.sparse_mla_attention(query, rows, torch.where(candidates < step.k_end.unsqueeze(1),
+                                                                       candidates, -1), c.sm_scale, c.d_v)
+            return out, None
+        if index is not None:
             q, _, weights = index
             top = ops.indexer_topk(q, self._gathered_index_keys(cache.index_keys, step), weights,
                                    step.k_start, step.k_end, c.index_topk)
         out, _ = ops.sparse_mla_attention(query, rows, top, c.sm_scale, c.d_v)
-        return out
+        return out, top
 
     @staticmethod
     def _gathered_index_keys(cache: IndexCache, step: Step):
@@ -296,10 +314,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: GLM5Config, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = MLAAttention(config)
+        self.self_attn = MLAAttention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MoE(config) if config.is_moe_layer(layer) else MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: Tensor, step: Step, cache: LayerCache) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), step, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, step: Step, cache: LayerCache,
+                shared_top: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The layer's output and its attention top-k (see `MLAAttention.forward`)."""
+        attended, top = self.self_attn(self.input_layernorm(x), step, cache, shared_top)
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x)), top

@@ -31,8 +31,8 @@ class GLM5Cache:
         layers = []
         for layer in range(config.num_layers):
             kv = self.paged.tensor if layer == 0 else self.paged.new_cache(config.d_qk)
-            if config.attention == "dense":
-                index_keys = None
+            if config.attention == "dense" or config.shares_topk(layer):
+                index_keys = None       # no indexer: dense attention, or the top-k is shared
             elif config.indexer_fp8:
                 index_keys = (self.paged.new_cache(config.index_head_dim, dtype=torch.float8_e4m3fn),
                               self.paged.new_cache(dtype=torch.float32))
@@ -100,8 +100,9 @@ class GLM5Model(nn.Module):
 
     def forward(self, input_ids: Tensor, step: Step, caches: Sequence[LayerCache]) -> Tensor:
         x = self.embed_tokens(input_ids)
+        top = None                      # the last full layer's top-k, reused by "shared" layers
         for layer, cache in zip(self.layers, caches):
-            x = layer(x, step, cache)
+            x, top = layer(x, step, cache, top)
         return self.norm(x)
 
 

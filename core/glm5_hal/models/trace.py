@@ -31,14 +31,19 @@ class _RecordingOps:
 
 
 @contextlib.contextmanager
-def record_ops() -> Iterator[OpCalls]:
+def record_ops(*modules: Any) -> Iterator[OpCalls]:
     """Within the block, every `glm5_hal.ops` call made by the model layers is counted and
-    its first arguments kept (pass them to `glm5_hal.explain`). Process-wide while active:
-    not for concurrent use, and not under torch.compile."""
+    its first arguments kept (pass them to `glm5_hal.explain`). `modules`: other modules
+    whose op calls go through a module-level `ops` name, to observe instead (the transformers
+    integration passes its own). Process-wide while active: not for concurrent use, and not
+    under torch.compile."""
     calls = OpCalls()
-    saved = layers.ops
-    layers.ops = _RecordingOps(saved, calls)
+    targets = modules or (layers,)
+    saved = [target.ops for target in targets]
+    for target, ops in zip(targets, saved):
+        target.ops = _RecordingOps(ops, calls)
     try:
         yield calls
     finally:
-        layers.ops = saved
+        for target, ops in zip(targets, saved):
+            target.ops = ops

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ..case import RESULT, RESULT_OR_ERROR, Case, View, dtype_name, randn, uniform
+from ..case import RESULT, RESULT_OR_ERROR, Case, View, dtype_name, expected_errors, randn, uniform
 from ..compare import Close
 from ...presets import GLM5
 from . import generator
@@ -44,6 +44,16 @@ def _rms_norm_case(preset, name, dtype, rows, dim, *, wdtype=None, scale=1.0, ze
                 outcome=RESULT_OR_ERROR if view else RESULT, note=note)
 
 
+_RMS_NORM_ERRORS = (
+    ("weight_length_differs", lambda g, d: (randn(g, (3, 17), d), randn(g, (16,), d), GLM5_EPS),
+     "weight", "weight [16] for x [3, 17]"),
+    ("zero_width", lambda g, d: (randn(g, (3, 0), d), randn(g, (0,), d), GLM5_EPS),
+     "x", "a last dim of 0 has no mean"),
+    ("negative_eps", lambda g, d: (randn(g, (3, 17), d), randn(g, (17,), d), -1e-5),
+     "eps", "eps < 0 could make mean(x^2) + eps negative"),
+)
+
+
 @generator("rms_norm")
 def rms_norm_cases(preset: str):
     for dtype in FLOATS:
@@ -66,6 +76,7 @@ def rms_norm_cases(preset: str):
             yield _rms_norm_case(preset, "noncontig_transposed", dtype, (7,), 33, view="transposed")
             yield _rms_norm_case(preset, "noncontig_strided", dtype, (5,), 24, view="strided")
             yield _rms_norm_case(preset, "noncontig_row_slice", dtype, (6,), 40, view="slice", pad=5)
+            yield from expected_errors("rms_norm", preset, dtype, _RMS_NORM_ERRORS)
         elif preset == "glm5":
             t = (GLM5_TOKENS,)
             yield _rms_norm_case(preset, "hidden6144", dtype, t, 6144,
@@ -93,6 +104,13 @@ def _silu_and_mul_case(preset, name, dtype, rows, n, *, scale=1.0, view=None, no
                 outcome=RESULT_OR_ERROR if view else RESULT, note=note)
 
 
+_SILU_AND_MUL_ERRORS = (
+    ("odd_width", lambda g, d: (randn(g, (3, 35), d),), "x", "no [gate, up] halves in 35 columns"),
+    ("zero_width", lambda g, d: (randn(g, (3, 0), d),), "x", "a last dim of 0 has no halves"),
+    ("scalar_x", lambda g, d: (randn(g, (), d),), "x", "a 0-d x has no last dim"),
+)
+
+
 @generator("silu_and_mul")
 def silu_and_mul_cases(preset: str):
     for dtype in FLOATS:
@@ -107,6 +125,7 @@ def silu_and_mul_cases(preset: str):
             yield _silu_and_mul_case(preset, "empty_batch", dtype, (0,), 17)
             yield _silu_and_mul_case(preset, "noncontig_transposed", dtype, (7,), 9, view="transposed")
             yield _silu_and_mul_case(preset, "noncontig_strided", dtype, (5,), 24, view="strided")
+            yield from expected_errors("silu_and_mul", preset, dtype, _SILU_AND_MUL_ERRORS)
         elif preset == "glm5":
             yield _silu_and_mul_case(preset, "moe_rows40_n2048", dtype,
                                      (GLM5_TOKENS * GLM5.num_experts_per_tok,),
@@ -184,6 +203,24 @@ def _rope_case(preset, name, dtype, tokens, heads, rot, *, positions=(0, 100), t
                 outcome=RESULT_OR_ERROR if view else RESULT, note=note)
 
 
+def _rope_positions(n: int, dtype=torch.int32) -> torch.Tensor:
+    return torch.arange(n, dtype=dtype)
+
+
+_ROPE_ERRORS = (
+    ("odd_rotary_dim", lambda g, d: (randn(g, (3, 2, 17), d), _rope_positions(3), GLM5.rope_theta, True),
+     "x", "R = 17 has no pairs"),
+    ("positions_length_differs", lambda g, d: (randn(g, (3, 2, 16), d), _rope_positions(4), GLM5.rope_theta, True),
+     "positions", "4 positions for 3 tokens"),
+    ("float_positions", lambda g, d: (randn(g, (3, 2, 16), d), _rope_positions(3, torch.float32),
+                                      GLM5.rope_theta, True), "positions", "positions are integers"),
+    ("two_dim_x", lambda g, d: (randn(g, (3, 16), d), _rope_positions(3), GLM5.rope_theta, True),
+     "x", "x is [T, H, R]"),
+    ("zero_theta", lambda g, d: (randn(g, (3, 2, 16), d), _rope_positions(3), 0.0, True),
+     "theta", "theta must be > 0"),
+)
+
+
 @generator("apply_rope")
 def apply_rope_cases(preset: str):
     far = (MAX_POSITION - 4096, MAX_POSITION)
@@ -214,6 +251,7 @@ def apply_rope_cases(preset: str):
             yield _rope_case(preset, "noncontig_heads_transposed", dtype, 4, 3, 10,
                              view="heads_transposed")
             yield _rope_case(preset, "noncontig_positions", dtype, 6, 2, 8, view="positions_strided")
+            yield from expected_errors("apply_rope", preset, dtype, _ROPE_ERRORS)
         elif preset == "glm5":
             t, heads, nope, rope = GLM5_TOKENS, GLM5.num_heads, GLM5.qk_nope_head_dim, GLM5.qk_rope_head_dim
             spread = [0, 4095, 65536, 131072, MAX_POSITION]
@@ -262,6 +300,13 @@ def _hadamard_case(preset, name, dtype, rows, dim, *, scale=None, fill=None, vie
                 outcome=RESULT_OR_ERROR if view else RESULT, note=note)
 
 
+_HADAMARD_ERRORS = (
+    ("dim24_not_a_power_of_two", lambda g, d: (randn(g, (3, 24), d), 24 ** -0.5),
+     "x", "no Sylvester Hadamard matrix of order 24"),
+    ("zero_width", lambda g, d: (randn(g, (3, 0), d), 1.0), "x", "D = 0 is no power of two"),
+)
+
+
 @generator("hadamard_transform")
 def hadamard_transform_cases(preset: str):
     for dtype in FLOATS:
@@ -282,6 +327,7 @@ def hadamard_transform_cases(preset: str):
             yield _hadamard_case(preset, "empty_batch", dtype, (0,), 16)
             yield _hadamard_case(preset, "noncontig_transposed", dtype, (7,), 32, view="transposed")
             yield _hadamard_case(preset, "noncontig_strided", dtype, (5,), 64, view="strided")
+            yield from expected_errors("hadamard_transform", preset, dtype, _HADAMARD_ERRORS)
         elif preset == "glm5":
             d = GLM5.index_head_dim
             yield _hadamard_case(preset, "indexer_q", dtype, (GLM5_TOKENS, GLM5.index_n_heads), d,

@@ -25,7 +25,7 @@ import torch
 
 from ... import reference as ref
 from ...presets import GLM5, GLM5_SM_SCALE
-from ..case import ERROR, RESULT, RESULT_OR_ERROR, Case, View, randn
+from ..case import ERROR, RESULT, RESULT_OR_ERROR, Case, View, expected_errors, randn
 from ..compare import Close, TopKSet
 from ..tolerance import tolerance
 from . import generator
@@ -517,6 +517,31 @@ def _sparse_specs(preset: str) -> list[SparseSpec]:
     ]
 
 
+D_QK_TINY, D_V_TINY = 40, 32
+
+
+def _sparse_with(g, d, *, kv_dtype=None, kv_width=D_QK_TINY, rows=3, index_dtype=I32, sm_scale=GLM5_SM_SCALE,
+                 d_v=D_V_TINY):
+    """Arguments of a small sparse_mla_attention call (3 queries, 2 heads, 17 kv rows, top-4),
+    with one thing changed."""
+    q = randn(g, (3, 2, D_QK_TINY), d)
+    kv = randn(g, (17, kv_width), kv_dtype or d)
+    indices = torch.randint(0, 17, (rows, 4), generator=g, dtype=torch.int64).to(index_dtype)
+    return q, kv, indices, sm_scale, d_v
+
+
+_SPARSE_ERRORS = (
+    ("kv_dtype_differs", lambda g, d: _sparse_with(
+        g, d, kv_dtype=torch.float32 if d != torch.float32 else torch.bfloat16), "kv", "kv in another dtype than q"),
+    ("kv_width_differs", lambda g, d: _sparse_with(g, d, kv_width=D_QK_TINY + 1), "kv", "kv rows of Dqk + 1"),
+    ("index_rows_differ", lambda g, d: _sparse_with(g, d, rows=2), "indices", "2 index rows for 3 queries"),
+    ("int64_indices", lambda g, d: _sparse_with(g, d, index_dtype=torch.int64), "indices", "indices are int32"),
+    ("d_v_beyond_d_qk", lambda g, d: _sparse_with(g, d, d_v=D_QK_TINY + 1), "d_v", "d_v > Dqk"),
+    ("zero_sm_scale", lambda g, d: _sparse_with(g, d, sm_scale=0.0), "sm_scale", "sm_scale must be > 0"),
+    ("infinite_sm_scale", lambda g, d: _sparse_with(g, d, sm_scale=math.inf), "sm_scale", "sm_scale must be finite"),
+)
+
+
 @generator("sparse_mla_attention")
 def sparse_mla_attention_cases(preset: str):
     for dtype in FLOATS:
@@ -524,6 +549,8 @@ def sparse_mla_attention_cases(preset: str):
             yield Case("sparse_mla_attention", preset, spec.name, dtype,
                        lambda g, spec=spec, dtype=dtype: _sparse_args(g, spec, dtype),
                        _attention_checks(dtype, spec.q_scale > 1), outcome=spec.outcome, note=spec.note)
+        if preset == "tiny":
+            yield from expected_errors("sparse_mla_attention", preset, dtype, _SPARSE_ERRORS)
 
 
 # -- paged MLA decode ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from ... import reference as ref
 from ...presets import DEEPSEEK_V32, GLM5
 from ...reference.moe import NORM_EPS
-from ..case import ERROR, RESULT, RESULT_OR_ERROR, Case, View, randn, uniform
+from ..case import ERROR, RESULT, RESULT_OR_ERROR, Case, View, expected_errors, randn, uniform
 from ..compare import Close, Exact, TopKSet
 from ..tolerance import tolerance
 from . import generator
@@ -236,6 +236,17 @@ def _permute_specs(preset: str) -> list[PermuteSpec]:
 PERMUTE_CHECKS = {"out[0]": Exact(), "out[1]": Exact(), "out[2]": Exact()}
 
 
+_PERMUTE_ERRORS = (
+    ("id_rows_differ", lambda g, d: (randn(g, (3, 17), d), routed_ids(g, 4, 2, 5), 5),
+     "ids", "ids for 4 tokens, x of 3"),
+    ("int64_ids", lambda g, d: (randn(g, (3, 17), d), routed_ids(g, 3, 2, 5).long(), 5), "ids", "ids are int32"),
+    ("zero_slots", lambda g, d: (randn(g, (3, 17), d), torch.zeros(3, 0, dtype=I32), 5),
+     "ids", "ids [T, 0]: no slot per token"),
+    ("three_dim_x", lambda g, d: (randn(g, (3, 1, 17), d), routed_ids(g, 3, 2, 5), 5), "x", "x is [T, D]"),
+    ("zero_experts", lambda g, d: (randn(g, (3, 17), d), routed_ids(g, 3, 2, 5), 0), "num_experts", "num_experts >= 1"),
+)
+
+
 @generator("moe_permute")
 def moe_permute_cases(preset: str):
     for dtype in FLOATS:
@@ -243,6 +254,8 @@ def moe_permute_cases(preset: str):
             yield Case("moe_permute", preset, spec.name, dtype,
                        lambda g, spec=spec, dtype=dtype: _permute_args(g, spec, dtype),
                        PERMUTE_CHECKS, outcome=spec.outcome, note=spec.note)
+        if preset == "tiny":
+            yield from expected_errors("moe_permute", preset, dtype, _PERMUTE_ERRORS)
 
 
 # -- moe_unpermute ---------------------------------------------------------------------------
