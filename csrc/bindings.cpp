@@ -17,6 +17,8 @@
 
 #include "kv.h"
 #include "moe.h"
+#include "qgemm.h"
+#include "roofline.h"
 #include "quant.h"
 #include "vec.h"
 #include "common_ops.h"
@@ -51,7 +53,7 @@ struct TorchNames {
   PyObject *data_ptr, *dtype, *shape, *stride, *contiguous;
   PyObject *empty, *dtype_kwname;  // torch.empty, ("dtype",)
   PyTypeObject* view_type;
-  std::array<std::pair<PyObject*, DType>, 6> dtypes;
+  std::array<std::pair<PyObject*, DType>, 7> dtypes;
 };
 TorchNames g;
 
@@ -105,7 +107,8 @@ void init_torch_names(const py::module_& m) {
   g.dtype_kwname = py::make_tuple("dtype").release().ptr();
   const std::pair<const char*, DType> names[] = {{"float32", DType::F32}, {"float16", DType::F16},
                                                  {"bfloat16", DType::BF16}, {"float8_e4m3fn", DType::F8E4M3},
-                                                 {"int32", DType::I32}, {"int64", DType::I64}};
+                                                 {"int32", DType::I32}, {"int64", DType::I64},
+                                                 {"int8", DType::I8}};
   for (size_t i = 0; i < g.dtypes.size(); ++i)
     g.dtypes[i] = {py::object(torch.attr(names[i].first)).release().ptr(), names[i].second};
   init_accessors(torch.attr("Tensor").ptr());
@@ -164,7 +167,7 @@ bool read_view(py::handle h, const char* op, const char* arg, View& v) {
       break;
     }
   if (!known)
-    throw glm5::InvalidInput(op, arg, "dtype float32, float16, bfloat16, float8_e4m3fn, int32 or int64",
+    throw glm5::InvalidInput(op, arg, "dtype float32, float16, bfloat16, float8_e4m3fn, int32, int64 or int8",
                              py::str(dtype).cast<std::string>());
   const int ndim = static_cast<int>(PyTuple_GET_SIZE(shape.ptr()));
   int64_t size[64], strides[64];
@@ -426,6 +429,37 @@ PYBIND11_MODULE(_C, m) {
   def_kernel(m, "int4_quantize", &glm5::int4_quantize, "out", "packed", "scale", "w", "group_size", "num_threads");
   def_kernel(m, "int4_unpack", &glm5::int4_unpack, "out", "packed", "scale", "group_size", "num_threads");
   // ---- end quant ----
+
+  // ---- quantized and grouped GEMMs (qgemm.h), int8_quant ----
+  m.def("qgemm_float_isa", &glm5::qgemm_float_isa, "float-path GEMM tile tier: 0 portable .. 4 AMX");
+  m.def("qgemm_int8_isa", &glm5::qgemm_int8_isa, "int8-path GEMM tile tier: 0 portable .. 4 AMX");
+  m.def("qgemm_max_isa", &glm5::qgemm_max_isa, "best GEMM tile tier this CPU supports");
+  m.def("qgemm_set_isa_limit", &glm5::qgemm_set_isa_limit, py::arg("limit"),
+        "cap the GEMM tile tier (tests); returns the previous cap");
+  def_kernel(m, "int8_quant", &glm5::int8_quant, "q", "scale", "x", "num_threads");
+  def_kernel(m, "fp8_block_gemm", &glm5::fp8_block_gemm, "out", "a", "a_scale", "w", "w_scale", "num_threads");
+  def_kernel(m, "fp8_grouped_gemm", &glm5::fp8_grouped_gemm, "out", "a", "a_scale", "w", "w_scale",
+             "tokens_per_expert", "num_threads");
+  def_kernel(m, "int8_gemm", &glm5::int8_gemm, "out", "x", "x_scale", "w", "w_scale", "bias", "num_threads");
+  def_kernel(m, "int8_grouped_gemm", &glm5::int8_grouped_gemm, "out", "x", "x_scale", "w", "w_scale",
+             "tokens_per_expert", "num_threads");
+  def_kernel(m, "bf16_grouped_gemm", &glm5::bf16_grouped_gemm, "out", "x", "w", "tokens_per_expert", "num_threads");
+  // ---- end quantized and grouped GEMMs ----
+
+  // ---- roofline (glm5-hal bench): the machine's peak rates and memory bandwidth ----
+  m.def("roofline_fp32_fma_flops", &glm5::roofline::fp32_fma_flops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("roofline_bf16_dot_flops", &glm5::roofline::bf16_dot_flops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "vdpbf16ps; 0 without AVX-512 BF16");
+  m.def("roofline_int8_dot_ops", &glm5::roofline::int8_dot_ops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "vpdpbusd; 0 without AVX-512 VNNI or AVX-VNNI");
+  m.def("roofline_amx_bf16_flops", &glm5::roofline::amx_bf16_flops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "0 without usable AMX");
+  m.def("roofline_amx_int8_ops", &glm5::roofline::amx_int8_ops, py::arg("threads"), py::arg("seconds"),
+        py::call_guard<py::gil_scoped_release>(), "0 without usable AMX");
+  m.def("roofline_triad_bytes", &glm5::roofline::triad_bytes, py::arg("threads"), py::arg("elements"),
+        py::arg("passes"), py::call_guard<py::gil_scoped_release>());
+  // ---- end roofline ----
 
   // ---- value checks (glm5_hal.checks): host memory, GIL held (they take well under a microsecond) ----
   m.def("first_outside",

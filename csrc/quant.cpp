@@ -1,6 +1,7 @@
 #include "quant.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "vec.h"
@@ -180,6 +181,40 @@ void int4_unpack(const View& out_view, const RowsIn& packed_view, const DenseIn&
     } else {
       for (int64_t c = 0; c < cols; ++c)
         o[c] = static_cast<float>(static_cast<int32_t>((pw[c >> 3] >> (4 * (c & 7))) & 0xfu) - 8) * sr[c / group];
+    }
+  }
+}
+
+void int8_quant(const View& q_out, const View& scale_out, const RowsIn& x, int num_threads) {
+  const char* op = "int8_quant";
+  const Rows xr = rows_of(x, op, "x");
+  const int64_t rows = xr.rows, cols = xr.cols;
+  GLM5_REQUIRE(cols >= 1, op, "x", "a last dim K >= 1 (a row to take the maximum of)", str(cols));
+  GLM5_REQUIRE(xr.row_stride >= 0, op, "x", "a row stride >= 0", str(xr.row_stride));
+  require_float(x.dtype, op, "x");
+  require_rows_out(q_out, rows, cols, DType::I8, op, "q");
+  require_dtype(scale_out, DType::F32, op, "scale");
+  require_contiguous(scale_out, op, "scale");
+  GLM5_REQUIRE(scale_out.numel() == rows, op, "scale", str(rows) + " elements", "shape " + shape_str(scale_out));
+  if (rows == 0) return;
+  int8_t* q = static_cast<int8_t*>(q_out.data);
+  float* scale = static_cast<float*>(scale_out.data);
+  const vec::Kernels& K = vec::kernels();
+  const DType dtype = x.dtype;
+  const int64_t es = dtype_bytes(dtype);
+  const char* xb = static_cast<const char*>(xr.data);
+  advise_fresh_output(q, rows * cols);
+  const int nt = threads_for(rows * cols * 4, num_threads);
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> buf(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      K.load(dtype, xb + r * xr.row_stride * es, cols, buf.data());
+      const float s = K.abs_max(buf.data(), cols) / 127.0f;
+      scale[r] = s;
+      if (s == 0.0f) std::memset(q + r * cols, 0, static_cast<size_t>(cols));
+      else K.int8_encode(buf.data(), s, cols, q + r * cols);
     }
   }
 }
