@@ -364,10 +364,15 @@ def describe_import_failure(vendor: Vendor, exc: BaseException) -> str:
 # -- versions ------------------------------------------------------------------------------------
 def leading_numbers(version: object) -> tuple[int, ...]:
     """(8, 3) for "8.3.RC1", (2, 13, 0) for "2.13.0+git...", (1, 12, 1) for "1.12.1+torch2.11";
-    () when the string does not start with a number."""
+    a PEP 440 post release counts as one more number, after its release: (2, 7, 1, 2) for
+    "2.7.1.post2" (torch_npu ships schema changes in post releases); () when the string does
+    not start with a number."""
     numbers = []
     for piece in re.split(r"[.+]", str(version).strip()):
         if not piece.isdigit():
+            post = re.fullmatch(r"post(\d+)", piece)
+            if post and numbers:
+                numbers.append(int(post.group(1)))
             break
         numbers.append(int(piece))
     return tuple(numbers)
