@@ -747,6 +747,83 @@ def test_no_fp8_quantisation_is_asked_of_any_chip(hal_state, monkeypatch, chip):
     assert backend.runtime.calls["npu_dynamic_block_quant"] == 0
 
 
+# -- W8A8 GEMMs (issue 12) ----------------------------------------------------------------------------
+def int8_operands(m, k, n, g, experts=None):
+    x = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    shape = (experts, n, k) if experts else (n, k)
+    w = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    x_scale = torch.rand(m, generator=g) * 1e-2
+    w_scale = torch.rand(shape[:-1], generator=g) * 1e-2
+    return x, x_scale, w, w_scale
+
+
+@pytest.mark.parametrize("shape", [(4, 256), (2, 3, 128), (5, 7)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_quant_matches_the_reference(npu, shape, dtype):
+    x = randn(*shape, g=seeded(70), dtype=dtype, scale=3.0)
+    x.view(-1, shape[-1])[1] = 0  # a row of zeros: the vendor's 0 / 0 is undefined, the contract's codes 0
+    assert chosen("int8_quant", x) == f"{EMU}.int8_quant"
+    q, scale = hal.ops.int8_quant(x)
+    ref_q, ref_scale = hal.reference.int8_quant(x)
+    assert q.dtype == torch.int8 and torch.equal(q, ref_q)
+    torch.testing.assert_close(scale, ref_scale)
+    assert npu.calls["npu_dynamic_quant"] == 1
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_int8_gemm_matches_the_reference(npu, out_dtype):
+    x, x_scale, w, w_scale = int8_operands(7, 256, 48, seeded(71))
+    args = (x, x_scale, w, w_scale, out_dtype, None)
+    assert chosen("int8_gemm", *args) == f"{EMU}.int8_gemm"
+    out = hal.ops.int8_gemm(*args)
+    assert out.dtype == out_dtype
+    torch.testing.assert_close(out, hal.reference.int8_gemm(*args))
+    assert npu.calls["npu_quant_matmul"] == 1
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 4, 2], [9]])
+def test_int8_grouped_gemm_matches_the_reference(npu, counts):
+    x, x_scale, w, w_scale = int8_operands(sum(counts), 128, 24, seeded(72), experts=len(counts))
+    args = (x, x_scale, w, w_scale, torch.tensor(counts, dtype=torch.int32), torch.bfloat16)
+    assert chosen("int8_grouped_gemm", *args) == f"{EMU}.int8_grouped_gemm"
+    torch.testing.assert_close(hal.ops.int8_grouped_gemm(*args), hal.reference.int8_grouped_gemm(*args))
+    assert npu.calls["npu_grouped_matmul"] == 1
+
+
+def test_the_w8a8_adapters_decline_what_the_ops_do_not_document(npu):
+    g = seeded(73)
+    x, x_scale, w, w_scale = int8_operands(3, 128, 8, g)
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, torch.float32, None) == (
+        "npu_quant_matmul's per-token mode outputs bfloat16 or float16 (DOCS), not float32")
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, torch.bfloat16, torch.zeros(8)).startswith(
+        "npu_quant_matmul takes a bias, but DOCS do not say whether it is added before or after the scales")
+    ge, gs = int8_operands(3, 128, 8, g, experts=2)[2:]
+    counts = torch.tensor([1, 2], dtype=torch.int32)
+    assert rejection("int8_grouped_gemm", x, x_scale, ge, gs, counts, torch.float32) == (
+        "npu_grouped_matmul's per-token mode outputs bfloat16 or float16 (DOCS), not float32")
+    assert rejection("int8_quant", torch.zeros(2, 8)) == "implements int8_quant for {bfloat16, float16}, not float32"
+    with expect_fallback("outputs bfloat16 or float16"):
+        hal.ops.int8_gemm(x, x_scale, w, w_scale, torch.float32, None)
+    assert npu.calls["npu_quant_matmul"] == 0
+
+
+def test_the_w8a8_adapters_decline_the_950(hal_state, monkeypatch):
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    hal_state(as_plugin(emulated("950")), EMU)
+    x, x_scale, w, w_scale = int8_operands(3, 128, 8, seeded(74))
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, torch.bfloat16, None) == (
+        "npu_quant_matmul is documented for Atlas A2/A3, not Ascend 950PR/950DT")
+    assert rejection("int8_quant", randn(2, 8, g=seeded(75))) == (
+        "npu_dynamic_quant is documented for Atlas A2/A3, not Ascend 950PR/950DT")
+
+
+def test_fp8_gemms_are_not_adapted(npu):
+    """No torch_npu op documents a 128 x 128 block-scaled FP8 GEMM (README, "Not mapped")."""
+    backend = hal.get_backend(EMU)
+    assert "fp8_block_gemm" not in backend.impls and "fp8_grouped_gemm" not in backend.impls
+    assert backend.cached_capabilities().limits["fp8_block_gemm / fp8_grouped_gemm"].startswith("not adapted")
+
+
 # -- KV cache ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,dim", [(torch.bfloat16, 576), (torch.float32, 7)])
 def test_kv_cache_write_matches_the_reference(npu, dtype, dim):
@@ -870,6 +947,6 @@ def backend_only_declines(backend, chip):
     the indexer's ranking when topk leaves keys out -- the paged cases either do that or use
     block sizes the kernel does not take."""
     ops = {"hadamard_transform", "sparse_mla_attention", "sparse_mla_decode_paged", "indexer_topk_paged"}
-    if chip == "950":  # no float32 indexer weights there: the cases' weights would round
-        ops.add("indexer_topk")
+    if chip == "950":  # no float32 indexer weights there (the cases' weights would round); W8A8: A2/A3 only
+        ops |= {"indexer_topk", "int8_quant", "int8_gemm", "int8_grouped_gemm"}
     return ops

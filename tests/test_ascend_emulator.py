@@ -339,3 +339,29 @@ def test_dynamic_block_quant_example_and_int8_only():
             NpuEmulator(chip).npu_dynamic_block_quant(x, dst_type=torch.float8_e4m3fn)
     with pytest.raises(NpuOpError, match="documented for Atlas A2/A3 only"):
         NpuEmulator("950").npu_dynamic_block_quant(x)
+
+
+def test_dynamic_quant_per_token_formula(rt):
+    """_op_plugin_docs.py, npu_dynamic_quant: scale = rowMax(|x|) / 127, y = round(x / scale); a
+    row of zeros (0 / 0, undefined in the docs) comes back poisoned."""
+    x = torch.tensor([[1.0, -2.0, 0.5, 4.0], [0.0, 0.0, 0.0, 0.0], [3.0, 3.0, -6.0, 1.5]], dtype=torch.bfloat16)
+    y, scale = rt.npu_dynamic_quant(x)
+    assert y.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (3,)
+    assert y[0].tolist() == [32, -64, 16, 127] and y[2].tolist() == [64, 64, -127, 32]
+    assert y[1].tolist() == [127] * 4 and scale[1] == 0
+    with pytest.raises(NpuOpError, match="documented for Atlas A2/A3 only"):
+        NpuEmulator("950").npu_dynamic_quant(x)
+
+
+def test_quant_matmul_per_token_formula(rt):
+    """int32(x1 @ x2) * scale[n] * pertoken_scale[m], bfloat16/float16 out; x2 may be the
+    transposed view of an [N, K] weight."""
+    g = seeded(14)
+    x1 = torch.randint(-127, 128, (3, 64), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (5, 64), generator=g, dtype=torch.int8)
+    scale, per_token = torch.rand(5, generator=g), torch.rand(3, generator=g)
+    out = rt.npu_quant_matmul(x1, w.t(), scale, pertoken_scale=per_token, output_dtype=torch.bfloat16)
+    want = (x1.long() @ w.long().t()).float() * scale * per_token.unsqueeze(-1)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want.to(torch.bfloat16))
+    with pytest.raises(NpuOpError, match="with pertoken_scale the output is bfloat16 or float16"):
+        rt.npu_quant_matmul(x1, w.t(), scale, pertoken_scale=per_token, output_dtype=torch.float32)

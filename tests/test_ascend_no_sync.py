@@ -59,6 +59,11 @@ def rnd(*shape, g, dtype=torch.bfloat16, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
+def q8(*shape_and_g):
+    *shape, g = shape_and_g
+    return torch.randint(-127, 128, tuple(shape), generator=g, dtype=torch.int8)
+
+
 def paged(context_lens, block_size, num_blocks, g):
     free = torch.randperm(num_blocks, generator=g).tolist()
     width = max(-(-n // block_size) for n in context_lens) + 1
@@ -95,6 +100,11 @@ def calls():
         ("grouped_gemm", (rnd(9, 64, g=g), rnd(1, 32, 64, g=g), torch.tensor([9], dtype=torch.int32)),
          "npu_grouped_matmul"),
         ("hadamard_transform", (rnd(4, 128, g=g), 128 ** -0.5), None),
+        ("int8_quant", (rnd(5, 256, g=g, scale=2.0),), "npu_dynamic_quant"),
+        ("int8_gemm", (q8(5, 256, g), torch.rand(5, generator=g), q8(48, 256, g), torch.rand(48, generator=g),
+                       torch.bfloat16, None), "npu_quant_matmul"),
+        ("int8_grouped_gemm", (q8(9, 128, g), torch.rand(9, generator=g), q8(4, 24, 128, g),
+                               torch.rand(4, 24, generator=g), counts, torch.bfloat16), "npu_grouped_matmul"),
         ("moe_permute", (rnd(5, 64, g=g), ids, 8), "npu_moe_init_routing_v2"),
     ]
 

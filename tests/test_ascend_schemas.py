@@ -78,6 +78,7 @@ def adapter_calls():
     w = torch.randint(-127, 128, (2, 1, 16), generator=g).float() / 64
     kv = (torch.randn(4, 16, 576, generator=g) * 0.3).to(torch.bfloat16)
     bf = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    i8 = lambda *shape: torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)  # noqa: E731
     return [
         ("rms_norm", (bf(3, 64), bf(64), 1e-6)),
         ("silu_and_mul", (bf(3, 64),)),
@@ -94,6 +95,11 @@ def adapter_calls():
         ("moe_unpermute", (bf(4, 32), torch.tensor([0, 2, 4, 5], dtype=torch.int32), torch.rand(3, 2, generator=g))),
         ("grouped_gemm", (bf(5, 32), bf(2, 16, 32), torch.tensor([2, 3], dtype=torch.int32))),
         ("kv_cache_write", (bf(2, 16, 64), bf(3, 64), torch.tensor([4, -1, 30], dtype=torch.int32))),
+        ("int8_quant", (bf(3, 64),)),
+        ("int8_gemm", (i8(3, 64), torch.rand(3, generator=g), i8(16, 64), torch.rand(16, generator=g), torch.bfloat16,
+                       None)),
+        ("int8_grouped_gemm", (i8(5, 64), torch.rand(5, generator=g), i8(2, 16, 64), torch.rand(2, 16, generator=g),
+                               torch.tensor([2, 3], dtype=torch.int32), torch.float16)),
     ]
 
 
@@ -125,5 +131,7 @@ def test_every_adapter_call_parses_against_each_wheel(hal_state, monkeypatch, ve
         for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             if op.startswith("indexer"):
                 assert torch.equal(a.sort(-1).values, b.sort(-1).values), op
-            elif a is not None:
+            elif a is not None and a.dtype.is_floating_point:
                 torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=op)
+            elif a is not None:
+                assert torch.equal(a, b), op

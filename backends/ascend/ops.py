@@ -49,6 +49,8 @@ ROUTING_MAX_EXPERT_NUM = 10240                       # npu_moe_init_routing_v2 e
 GMM_MAX_GROUPS, GMM_MAX_LAST_DIM = 1024, 65536       # npu_grouped_matmul: group_list <= 1024, InnerLimit
 ROTARY_MAX_HEADS, ROTARY_MAX_DIM = 1000, 896         # npu_rotary_mul: B*N < 1000, D < 896 (both modes)
 HADAMARD_MIN_DIM, HADAMARD_MAX_DIM = 16, 8192        # csrc/glm5_hal_ascend.h (our own kernel)
+QMM_MAX_DIM = 65535                                  # npu_quant_matmul: last dims of x1, x2 <= 65535
+PER_TOKEN_OUT = (_BF16, _F16)                        # per-token quantised matmuls: output dtypes
 
 #: The vendor constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
@@ -71,6 +73,15 @@ OP_LIMITS = {
     "npu_scatter_nd_update_": "no skipping of out-of-range slots (padding rows repeat a real row's write); FP8 rows "
                               "are written as their int8 bytes",
     "hadamard (Ascend C)": f"D a power of two in [{HADAMARD_MIN_DIM}, {HADAMARD_MAX_DIM}]",
+    "npu_dynamic_quant": "int8 per token, bf16/fp16 input, Atlas A2/A3; rows of zeros set to codes 0 on the device",
+    "npu_quant_matmul": f"int8 x int8 with per-token and per-channel scales, K and N <= {QMM_MAX_DIM}, bfloat16/"
+                        "float16 output, Atlas A2/A3; no bias (where the op adds it is not documented)",
+    "npu_grouped_matmul (int8)": "per-token mode: scale [E, N], per_token_scale [M], bfloat16/float16 output, "
+                                 "Atlas A2/A3",
+    "fp8_block_gemm / fp8_grouped_gemm": "not adapted: no torch_npu op documents a 128 x 128 block-scaled FP8 GEMM "
+                                         "(the 950's FP8 path is MX: npu_dynamic_mx_quant, e8m0 scales per 32)",
+    "fp8_block_quant / indexer_k_cache_write": "not adapted: npu_dynamic_block_quant documents int8 output only "
+                                               "(dst_type 1), on Atlas A2/A3",
 }
 
 
@@ -596,6 +607,86 @@ def grouped_gemm(backend: "AscendBackend", x: Tensor, w: Tensor, tokens_per_expe
         group_type=0, split_item=2)[0]
 
 
+# -- W8A8 (the checkpoint-format GEMMs) -----------------------------------------------------------
+# DOCS document npu_dynamic_quant, npu_quant_matmul and npu_grouped_matmul's per-token mode for
+# Atlas A2/A3 (and inference cards); vllm-ascend @182b75ea serves W8A8 this way on A2/A3
+# (vllm_ascend/quantization/methods/w8a8_dynamic.py, ops/fused_moe/moe_mlp.py). No op documents
+# them on the 950, nor an FP8 block-scaled GEMM anywhere (see OP_LIMITS, README "Not mapped").
+W8A8_PRODUCTS = ("A2", "A3")
+
+
+def _w8a8_declined(backend: "AscendBackend", op: str, out_dtype: torch.dtype | None = None) -> str | None:
+    why = _versioned(backend, "npu_op_schemas")
+    if why:
+        return why
+    if backend.generation.key not in W8A8_PRODUCTS:
+        return f"{op} is documented for Atlas A2/A3, not {backend.generation.label}"
+    if out_dtype is not None and out_dtype not in PER_TOKEN_OUT:
+        return (f"{op}'s per-token mode outputs bfloat16 or float16 (DOCS), not "
+                f"{str(out_dtype).removeprefix('torch.')}")
+    return None
+
+
+def int8_quant_supported(backend: "AscendBackend", x: Tensor) -> Verdict:
+    return first_reason(lambda: _w8a8_declined(backend, "npu_dynamic_quant"))
+
+
+def int8_quant(backend: "AscendBackend", x: Tensor) -> tuple[Tensor, Tensor]:
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=torch.int8, device=x.device), x.new_empty(x.shape[:-1], dtype=_F32)
+    # DOCS: scale = rowMax(|x|) / 127, y = round(x / scale) (input of more than one dim); a row of
+    # zeros divides 0 by 0, which the docs leave undefined: the contract's codes 0, set here
+    q, scale = backend.runtime.npu_dynamic_quant(x.reshape(-1, x.shape[-1]), dst_type=torch.int8)
+    q = torch.where(scale.unsqueeze(-1) == 0, 0, q).to(torch.int8)
+    return q.view(x.shape), scale.view(x.shape[:-1])
+
+
+def int8_gemm_supported(backend: "AscendBackend", x, x_scale, w, w_scale, out_dtype, bias) -> Verdict:
+    k, n = x.shape[1], w.shape[0]
+    return first_reason(
+        lambda: _w8a8_declined(backend, "npu_quant_matmul", out_dtype),
+        lambda: None if max(k, n) <= QMM_MAX_DIM else
+        f"npu_quant_matmul takes K and N <= {QMM_MAX_DIM}, got K={k}, N={n}",
+        lambda: None if bias is None else
+        ("npu_quant_matmul takes a bias, but DOCS do not say whether it is added before or after the scales; "
+         "a bias is not passed"))
+
+
+def int8_gemm(backend: "AscendBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+              out_dtype: torch.dtype, bias: Tensor | None) -> Tensor:
+    rows, n = x.shape[0], w.shape[0]
+    if rows == 0 or n == 0 or x.shape[1] == 0:
+        return torch.zeros((rows, n), dtype=out_dtype, device=x.device)
+    # x2 is [K, N]: the transposed view of our [N, K] weight is the documented form (DOCS' example
+    # passes `x2.t()`); scale per channel [N], pertoken_scale per row [M], both float32
+    return backend.runtime.npu_quant_matmul(x.contiguous(), w.t(), w_scale.contiguous(),
+                                            pertoken_scale=x_scale.contiguous(), output_dtype=out_dtype)
+
+
+def int8_grouped_gemm_supported(backend: "AscendBackend", x, x_scale, w, w_scale, tokens_per_expert,
+                                out_dtype) -> Verdict:
+    experts, n, k = w.shape
+    return first_reason(
+        lambda: _w8a8_declined(backend, "npu_grouped_matmul", out_dtype),
+        lambda: None if experts <= GMM_MAX_GROUPS else
+        f"npu_grouped_matmul takes at most {GMM_MAX_GROUPS} groups with one weight tensor, got {experts}",
+        lambda: None if max(n, k) < GMM_MAX_LAST_DIM else
+        f"npu_grouped_matmul needs K and N < {GMM_MAX_LAST_DIM}, got K={k}, N={n}")
+
+
+def int8_grouped_gemm(backend: "AscendBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                      tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    rows, n = x.shape[0], w.shape[1]
+    if rows == 0 or n == 0 or x.shape[1] == 0:
+        return torch.zeros((rows, n), dtype=out_dtype, device=x.device)
+    groups, group_list_type = group_list(tokens_per_expert)
+    # DOCS' per-token mode (formula 3): int8 x and weight [E, K] -> [E, K, N] as a transposed
+    # view, scale [E, N] per expert and channel (vllm-ascend's w13_weight_scale), per_token_scale [M]
+    return backend.runtime.npu_grouped_matmul(
+        [x.contiguous()], [w.transpose(1, 2)], scale=[w_scale.contiguous()], per_token_scale=[x_scale.contiguous()],
+        group_list=groups, group_list_type=group_list_type, group_type=0, split_item=2, output_dtype=out_dtype)[0]
+
+
 # -- KV cache ----------------------------------------------------------------------------------
 def _as_bytes(t: Tensor) -> Tensor:
     """FP8 tensors as int8 of the same bytes: the scatter has no FP8 dtype and copies bits."""
@@ -643,4 +734,7 @@ ADAPTERS = (
     Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS + (_FP8,), supports=kv_cache_write_supported),
+    Adapter("int8_quant", int8_quant, dtypes=HALVES, supports=int8_quant_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(torch.int8,), supports=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(torch.int8,), supports=int8_grouped_gemm_supported),
 )
