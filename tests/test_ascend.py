@@ -155,7 +155,6 @@ def test_capabilities_per_generation(chip, generation, fp8):
     assert (torch.float8_e4m3fn in caps.dtypes) is fp8
     assert {torch.float32, torch.float16, torch.bfloat16} <= caps.dtypes
     assert backend.versions()["chip"] == f"{emulator.device_name} (soc {emulator.soc_version})"
-    assert (backend.fp8_declined() is None) is fp8
 
 
 # -- versioned behaviours (versions.py) --------------------------------------------------------------

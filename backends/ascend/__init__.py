@@ -89,14 +89,6 @@ class AscendBackend(VendorBackend):
         """The raw aclrtStream of torch_npu's current stream on `device`, for the kernels."""
         return self.runtime.npu.current_stream(device).npu_stream
 
-    def fp8_declined(self) -> str | None:
-        """None when the chip computes in FP8, else the capability reason."""
-        gen = self.generation
-        if gen is not None and gen.fp8:
-            return None
-        where = f"{self.chip.device_name} ({gen.label})" if gen is not None else "this chip"
-        return f"{where} has no FP8 (float8_e4m3fn); FP8 needs an Ascend 950"
-
 
 ascend = AscendBackend()
 

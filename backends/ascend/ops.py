@@ -38,14 +38,16 @@ _FP8 = torch.float8_e4m3fn
 FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
-# -- vendor constraints (DOCS unless noted; the CANN attention rules are in versions.py) --------
-INDEXER_DIM = 128                                    # npu_lightning_indexer: D only 128
-INDEXER_MAX_COUNT = 2048                             # ... sparse_count 1-2048 (+ versions.INDEXER_RULES)
-PAGED_BLOCK_MULTIPLE, PAGED_BLOCK_MAX = 16, 1024     # PA_BSND block_size (LI and SFA READMEs)
-SFA_NOPE, SFA_ROPE = 512, 64                         # npu_sparse_flash_attention: D = 512 + 64 rope
-SFA_MAX_HEADS = 128                                  # ... N1 at most 128 (heads are chunked by it)
-GATING_MAX_EXPERTS = 2048                            # npu_moe_gating_top_k
-ROUTING_MAX_EXPERT_NUM = 10240                       # npu_moe_init_routing_v2 expert_num
+# -- vendor constraints (DOCS unless noted; the CANN attention rules per release are in versions.py,
+# whose READMEs -- ops-transformer attention/{lightning_indexer,sparse_flash_attention}/README.md,
+# v8.5.0 to v9.1.0.pre -- are the "LI/SFA README" below) ---------------------------------------
+INDEXER_DIM = 128                                    # LI README: "query中的D和key中的D值相等为128"
+INDEXER_MAX_COUNT = 2048                             # DOCS, npu_lightning_indexer: sparse_count 1-2048 (+ larger)
+PAGED_BLOCK_MULTIPLE, PAGED_BLOCK_MAX = 16, 1024     # LI and SFA READMEs: block_size a multiple of 16, <= 1024
+SFA_NOPE, SFA_ROPE = 512, 64                         # SFA README: Q_D = KV_D = 512, rope Dr = 64
+SFA_MAX_HEADS = 128                                  # SFA README: N1 at most 128 (heads are chunked by it)
+GATING_MAX_EXPERTS = 2048                            # npu_moe_gating_top_k: x's last dim <= 2048
+ROUTING_MAX_EXPERT_NUM = 10240                       # npu_moe_init_routing_v2: expert_num in (0, 10240]
 GMM_MAX_GROUPS, GMM_MAX_LAST_DIM = 1024, 65536       # npu_grouped_matmul: group_list <= 1024, InnerLimit
 ROTARY_MAX_HEADS, ROTARY_MAX_DIM = 1000, 896         # npu_rotary_mul: B*N < 1000, D < 896 (both modes)
 HADAMARD_MIN_DIM, HADAMARD_MAX_DIM = 16, 8192        # csrc/glm5_hal_ascend.h (our own kernel)
