@@ -166,3 +166,15 @@ def test_a_behaviour_is_chosen_by_the_installed_version():
     assert value is None and "older than 0.2.0" in why
     assert lse.resolve(None) == (None, "mate is not installed")
     assert "could not be read" in lse.resolve("dev")[1]
+
+
+def test_post_releases_order_after_their_release():
+    """torch_npu ships schema changes in post releases (2.7.1.post2 has ops 2.7.1 lacks)."""
+    from glm5_hal.vendor_backend import Behaviour, Era, leading_numbers
+    assert leading_numbers("2.7.1.post2") == (2, 7, 1, 2) > leading_numbers("2.7.1") == (2, 7, 1)
+    assert leading_numbers("2.7.1.post11+cpu") == (2, 7, 1, 11)
+    assert leading_numbers("2.13.0+cpu") == (2, 13, 0) and leading_numbers("8.5.RC1") == (8, 5)
+    ops = Behaviour("ops", "torch_npu", (Era((2, 7, 1), False, "2.7.1"), Era((2, 7, 1, 2), True, "2.7.1.post2"),
+                                         Era((2, 8, 0), False, "2.8.0")), verified_up_to=(2, 8, 0))
+    assert [ops.resolve(v)[0] for v in ("2.7.1", "2.7.1.post1", "2.7.1.post2", "2.7.1.post11", "2.8.0.post3")] == [
+        False, False, True, True, False]
