@@ -90,14 +90,12 @@ OP_LIMITS = {
 #: Where the vendor's golden references (Ascend ops-transformer v9.1.0.pre, 121f37de) compute
 #: more coarsely than the op contract's tolerances (docs/conformance.md): the adapters concerned
 #: decline such calls unless the backend accepts the vendor's precision
-#: (GLM5_HAL_ASCEND_VENDOR_PRECISION=1).
+#: (GLM5_HAL_ASCEND_VENDOR_PRECISION=1). The sparse attention golden's P rounded to the query's
+#: dtype before P @ V is within the contract (its attention slack) and is not listed.
 PRECISION = {
     "npu_lightning_indexer": "attention/lightning_indexer/tests/pytest/lightning_indexer_golden.py rounds the "
                              "float32 scores to bfloat16 before its stable sort (keys within 2^-8 relative tie; "
                              "the contract ranks in float32)",
-    "npu_sparse_flash_attention": "attention/sparse_flash_attention/tests/pytest/sparse_flash_attention_golden.py "
-                                  "rounds the softmax probabilities to the query's dtype before P @ V (near "
-                                  "cancellations ~1e-3 absolute; the contract's bound there is ~1e-5)",
 }
 
 
@@ -401,9 +399,9 @@ def _attention_declined(backend: "AscendBackend", q: Tensor, d_v: int) -> str | 
                 f"got {dqk}")
     if d_v > SFA_NOPE:
         return f"npu_sparse_flash_attention returns the {SFA_NOPE} latent dims, d_v {d_v} is larger"
-    return _precision_declined(
-        backend, "npu_sparse_flash_attention rounds the softmax probabilities to the query's dtype before P @ V (the "
-        "vendor golden), beyond the contract's output tolerance near cancellations")
+    # The golden rounds P to the query's dtype before P @ V (sparse_flash_attention_golden.py);
+    # the contract's attention tolerance allows exactly that (docs/conformance.md), so no decline.
+    return None
 
 
 def _attention(backend: "AscendBackend", q: Tensor, key_rows: Tensor, local: Tensor, cu_kv: Tensor, cu_q: Tensor,
