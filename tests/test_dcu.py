@@ -110,7 +110,7 @@ def test_the_real_runtime_reads_the_torch_attributes(torch_module, expected):
 
 
 @pytest.mark.parametrize("kwargs,expected", [
-    ({"devices": 0}, "no DCU device visible (torch.cuda.device_count() == 0; check `hy-smi` and HIP_VISIBLE_DEVICES)"),
+    ({"devices": 0}, "no DCU device visible (torch.cuda.device_count() == 0; check `hy-smi` and CUDA_VISIBLE_DEVICES)"),
     ({"version": "2.4.1+das.opt1.dtk2504"}, "torch 2.4.1+das.opt1.dtk2504 is too old: glm5_hal needs torch >= 2.6"),
 ])
 def test_probe_gives_a_specific_reason(kwargs, expected):
