@@ -1,10 +1,15 @@
-"""A CPU emulator of the parts of `torch_mlu` and `torch_mlu_ops` (1.12) that glm5_hal's
+"""A CPU emulator of the parts of `torch_mlu` and `torch_mlu_ops` 1.12.1 that glm5_hal's
 cambricon adapters call.
 
-Written from the vendor's published semantics: the torch_mlu_ops docstrings ("Math:",
-"Args:", "Type:", "Note:" sections of torch_mlu_ops/_ops.py, shapes from its abstract.py),
-the vllm-mlu wrappers (vllm_mlu/_mlu_ops.py: how the ops are called and composed), and
-torch_mlu's device module (is_bf16_supported: major >= 5; is_fp8_supported: major >= 6).
+Written from the vendor's published code, the one public version of each:
+* torch_mlu_ops 1.12.1+torch2.11.0 as published in miznchimaki/domesticated_torch_mlu_ops
+  @9fbf7df6: the docstrings of torch_mlu_ops/_ops.py ("Math:", "Args:", "Type:", "Note:"
+  sections: signatures, layouts, constraints) and the shapes of abstract.py;
+* Cambricon/vllm-mlu vllm_mlu/_mlu_ops.py @8fa99fd9: how the ops are called and composed;
+* Cambricon/torch_mlu @d578002c: the device module (is_bf16_supported: major >= 5,
+  torch_mlu/mlu/__init__.py:135-137; Stream.mlu_stream), which has no is_fp8_supported: the
+  emulated torch.mlu has one only when asked for (`fp8_query=`), standing in for a torch_mlu
+  that would declare FP8 -- what such a chip does with FP8 is UNVERIFIED.
 It models:
 
 * the signatures, including positional order and keyword names,
@@ -39,17 +44,17 @@ FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
 #: chip key -> (torch.mlu.get_device_name, get_device_capability). The majors of MLU370 and
-#: MLU590 are inferred from their arch numbers (mtp_372, mtp_592); "cap6" stands for an
-#: FP8-capable generation (torch_mlu: is_fp8_supported iff major >= 6), "MLU290" for an
-#: older, unsupported one.
+#: MLU590 are inferred from their arch numbers (mtp_372, mtp_592: UNVERIFIED); "cap6" stands
+#: for a newer generation whose torch_mlu declares FP8 (a hypothetical is_fp8_supported()),
+#: "MLU290" for an older, unsupported one.
 CHIPS = {
     "MLU370": ("MLU370-X8", (3, 0)),
     "MLU590": ("MLU590", (5, 0)),
     "cap6": ("MLU (capability 6.0)", (6, 0)),
     "MLU290": ("MLU290-M5", (2, 0)),
 }
-TMO_VERSION = "1.12.1+torch2.11.0"
-TORCH_MLU_VERSION = "1.26.0+torch2.11.0"
+TMO_VERSION = "1.12.1+torch2.11.0"        # torch_mlu_ops/_version.py of the public 1.12.1
+TORCH_MLU_VERSION = "1.26.0+torch2.11.0"  # a stand-in: only reported, no behaviour keys on it
 
 
 class MluOpError(RuntimeError):
@@ -91,8 +96,11 @@ class _Stream:
 class _MluModule:
     """torch.mlu as registered by torch_mlu, for one emulated chip."""
 
-    def __init__(self, device_name: str, capability: tuple[int, int], devices: int) -> None:
+    def __init__(self, device_name: str, capability: tuple[int, int], devices: int, fp8: bool | None) -> None:
         self._name, self._capability, self._devices = device_name, capability, devices
+        self.fp8 = bool(fp8)
+        if fp8 is not None:   # the public torch_mlu has no is_fp8_supported
+            self.is_fp8_supported = lambda: self.fp8
 
     def is_available(self) -> bool:
         return self._devices > 0
@@ -108,9 +116,6 @@ class _MluModule:
 
     def is_bf16_supported(self) -> bool:
         return self._capability[0] >= 5
-
-    def is_fp8_supported(self) -> bool:
-        return self._capability[0] >= 6
 
     def current_stream(self, device: object = None) -> _Stream:
         return _Stream()
@@ -144,8 +149,8 @@ class TorchMluOps:
         major = self._mlu.get_device_capability()[0]
         _require(t.dtype != _BF16 or major >= 5, op, f"bfloat16 is not supported on capability {major}.x "
                  "(torch.mlu.is_bf16_supported() is False)")
-        _require(t.dtype != _FP8 or major >= 6, op, f"float8_e4m3fn is not supported on capability {major}.x "
-                 "(torch.mlu.is_fp8_supported() is False)")
+        _require(t.dtype != _FP8 or self._mlu.fp8, op, f"float8_e4m3fn is not supported on capability {major}.x "
+                 "(no FP8 declared by torch_mlu)")
 
     # -- normalisation, activation, rotary ---------------------------------------------------
     def fused_rms_norm(self, x, residual, gamma, beta, bias, eps, store_output_before_norm,
@@ -484,35 +489,6 @@ class TorchMluOps:
                 key[starts[b] + p] = key_cache[block, :, p % block_size, :]
         return None
 
-    def quant_to_paged_cache(self, k, v, k_cache, v_cache, k_cache_quant_scale, v_cache_quant_scale,
-                             slot_mapping):
-        op = "quant_to_paged_cache"
-        _not_emulated(v is not None or v_cache is not None or v_cache_quant_scale is not None, op, "values")
-        _tensor(op, "k", k, FLOATS, ndim=3)
-        self._device_dtype(op, k)
-        _tensor(op, "k_cache", k_cache, (_I8, _FP8), ndim=4, contiguous=True)
-        self._device_dtype(op, k_cache)
-        blocks, heads, block_size, dim = k_cache.shape
-        _require(k.shape[1:] == (heads, dim), op, f"k must be (token_nums, {heads}, {dim})")
-        _tensor(op, "k_cache_quant_scale", k_cache_quant_scale, (_F32,), ndim=3, contiguous=True)
-        _require(k_cache_quant_scale.shape == (blocks, heads, block_size), op,
-                 "k_cache_quant_scale must be (block_nums, head_num_kv, block_size)")
-        slots = self._slots(op, slot_mapping, k.shape[0], blocks * block_size)
-        # The docstring's math has no branch for negative slots (unlike reshape_paged_cache).
-        _not_emulated(any(s < 0 for s in slots), op, "negative (padding) slots")
-        limit = 448.0 if k_cache.dtype == _FP8 else 127.0
-        for i, slot in enumerate(slots):
-            row = k[i].float()
-            scale = row.abs().amax(dim=-1) / limit
-            scaled = row / scale.unsqueeze(-1)
-            if k_cache.dtype == _FP8:
-                q = scaled.clamp(-limit, limit).to(_FP8)
-            else:
-                q = scaled.round().clamp(-128, 127).to(_I8)
-            k_cache[slot // block_size, :, slot % block_size, :] = q
-            k_cache_quant_scale[slot // block_size, :, slot % block_size] = scale
-        return k_cache, k_cache_quant_scale
-
     # -- DSA indexer ---------------------------------------------------------------------------
     def masked_indexer_select_paged_kv(self, query, k_cache, weights, kv_cache_block_table, cu_seq_q_lens,
                                        cu_seq_k_lens, k_context_lens, k_cache_block_table, is_prefill, index_topk,
@@ -596,11 +572,15 @@ class MluEmulator:
 
     def __init__(self, chip: str = "MLU590", *, devices: int = 8, tmo_version: str = TMO_VERSION,
                  version: str = TORCH_MLU_VERSION, fp32_precision: str = "none",
-                 gen_idx_order: str = "stable") -> None:
+                 gen_idx_order: str = "stable", fp8_query: bool | None | str = "by chip") -> None:
+        """`fp8_query`: what a torch.mlu.is_fp8_supported() answers (None: the function is
+        absent, as in the public torch_mlu); "by chip": True for "cap6", absent otherwise."""
         name, capability = CHIPS[chip]
         self.device_name, self.capability = name, capability
         self.__version__ = version
-        self.mlu = _MluModule(name, capability, devices)
+        if fp8_query == "by chip":
+            fp8_query = True if chip == "cap6" else None
+        self.mlu = _MluModule(name, capability, devices, fp8_query)
         self.backends = types.SimpleNamespace(
             mlu=types.SimpleNamespace(matmul=types.SimpleNamespace(fp32_precision=fp32_precision)),
             fp32_precision="none")
