@@ -103,7 +103,7 @@ def rotary_tables(positions: Tensor, rot: int, theta: float, interleaved: bool,
     |p| * 2^-24 rad (0.008 rad at p = 131072), far beyond the op's float32 tolerance; float64 on
     an MLU is UNVERIFIED, and forming angles on the host would copy the positions back."""
     high, low = _frequency_turns(rot, theta, device)
-    p = positions.to(device=device, dtype=_I64)[:, None]
+    p = positions.to(_I64)[:, None]   # on the device already (the contract puts every input there)
     mask = (1 << _TURN_BITS) - 1
     turns = ((((p * high[None, :]) & _LOW31) << 31) + ((p * low[None, :]) & mask)) & mask
     centred = torch.where(turns >= (1 << (_TURN_BITS - 1)), turns - (1 << _TURN_BITS), turns)
