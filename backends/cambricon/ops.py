@@ -174,7 +174,7 @@ def apply_rope(backend: "CambriconBackend", x: Tensor, positions: Tensor, theta:
     # One table row per token, so position_ids is simply 0..T-1 (discrete mode) and any
     # position, negative ones included (the backward rotates by -positions), works.
     row_ids = torch.arange(tokens, dtype=_I32, device=x.device)
-    cu_seqlens = torch.tensor([0, tokens], dtype=_I32, device=x.device)
+    cu_seqlens = torch.arange(2, dtype=_I32, device=x.device) * tokens   # [0, T], made on the device
     xf = x.to(_F32).contiguous()
     out = torch.empty_like(xf)
     backend.runtime.tmo.apply_rotary(xf, sin, cos, row_ids, cu_seqlens, interleaved, True, False, tokens,
