@@ -170,7 +170,7 @@ def test_capabilities_per_generation(chip, label, bf16, fp8):
         f"{emulator.capability[0]}.{emulator.capability[1]}), torch_mlu_ops 1.12.1+torch2.11.0")
     caps = backend.cached_capabilities()
     assert caps.dist_backend == "cncl" and caps.device_name == emulator.device_name
-    assert caps.dtypes == {F32, F16} | ({BF16} if bf16 else set()) | ({FP8} if fp8 else set())
+    assert caps.dtypes == {F32, F16, torch.int8} | ({BF16} if bf16 else set()) | ({FP8} if fp8 else set())
     assert (caps.limits["generation"], caps.limits["bf16"], caps.limits["fp8"]) == (label, bf16, fp8)
     assert caps.limits["fp8_source"] == ("torch.mlu.is_fp8_supported() is True" if fp8 else
                                          "this torch_mlu has no is_fp8_supported() (the public torch_mlu @d578002c "
@@ -209,7 +209,7 @@ def test_bf16_is_refused_on_an_mlu370_with_a_capability_reason(register):
     register(emulated("MLU370"))
     x, w = torch.randn(3, 16).to(BF16), torch.ones(16, dtype=BF16)
     assert rejection("rms_norm", x, w, 1e-5) == ("device MLU370-X8 does not support bfloat16 "
-                                                 "(capabilities: {float16, float32})")
+                                                 "(capabilities: {float16, float32, int8})")
     with expect_fallback("does not support bfloat16"):
         out = hal.ops.rms_norm(x, w, 1e-5)
     close(out, ref.rms_norm(up(x), up(w), 1e-5), BF16)
@@ -585,11 +585,12 @@ def test_conformance_tiny_preset_on_the_emulated_backend(register, chip):
 
 
 def declined_everywhere(chip: str) -> set[str]:
-    """Ops this emulated backend declines for every input: the BANG C kernel is not built here,
-    and FP8 needs an FP8 MLU."""
-    ops = {"sparse_mla_decode_paged"}
+    """Ops this emulated backend declines for every tiny input: the BANG C kernel is not built
+    here, FP8 needs an MLU that declares it."""
+    ops = {"sparse_mla_decode_paged",
+           "fp8_grouped_gemm"}   # per-block FP8 needs N % 128 == 0: no tiny grouped case has it
     if chip != "cap6":
-        ops.add("indexer_k_cache_write")
+        ops |= {"indexer_k_cache_write", "fp8_block_gemm"}
     return ops
 
 
@@ -670,3 +671,60 @@ def test_a_kernel_library_that_does_not_load_is_a_reason(tmp_path):
     broken = tmp_path / "libglm5_hal_cambricon_kernels.so"
     broken.write_text("not an ELF file")
     assert KernelLibrary(broken).missing().startswith("cambricon kernel library does not load: ")
+
+
+# -- the checkpoints' quantized GEMMs: tmo.smooth_quant_group_gemm ---------------------------------
+def int8_inputs(g, m=9, n=24, k=40, experts=None):
+    x, x_scale = ref.int8_quant(torch.randn(m, k, generator=g))
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    return x, x_scale, w, torch.rand(*shape[:-1], generator=g) * 0.01 + 0.001
+
+
+def fp8_inputs(g, m=7, n=256, k=384, experts=None):
+    a, a_scale = ref.fp8_block_quant(torch.randn(m, k, generator=g), 128)
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = (torch.randn(*shape, generator=g) * 100).clamp(-448, 448).to(FP8)
+    return a, a_scale, w, torch.rand(*shape[:-2], -(-n // 128), k // 128, generator=g) * 0.01 + 0.001
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, F16])
+def test_int8_gemms_through_smooth_quant_group_gemm(mlu, out_dtype):
+    g = seeded(40)
+    x, x_scale, w, w_scale = int8_inputs(g)
+    args = (x, x_scale, w, w_scale, out_dtype, None)
+    assert chosen("int8_gemm", *args) == f"{EMU}.int8_gemm"
+    close(hal.ops.int8_gemm(*args), ref.int8_gemm(*args), out_dtype)
+    counts = torch.tensor([4, 0, 3, 2], dtype=I32)
+    x, x_scale, w, w_scale = int8_inputs(g, experts=4)
+    grouped = (x, x_scale, w, w_scale, counts, out_dtype)
+    assert chosen("int8_grouped_gemm", *grouped) == f"{EMU}.int8_grouped_gemm"
+    close(hal.ops.int8_grouped_gemm(*grouped), ref.int8_grouped_gemm(*grouped), out_dtype)
+    assert mlu.tmo.calls["smooth_quant_group_gemm"] == 2
+
+
+def test_int8_gemms_decline_a_float32_output_or_bias(mlu):
+    x, x_scale, w, w_scale = int8_inputs(seeded(41))
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, F32, None) == (
+        "tmo.smooth_quant_group_gemm writes half or bfloat16 only (its dtype argument), not float32")
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, BF16, torch.zeros(24)) == (
+        "tmo.smooth_quant_group_gemm takes its bias in half/bfloat16 (Type: bias): the float32 bias would round "
+        "before it is added")
+
+
+def test_fp8_gemms_through_the_per_block_mode_on_an_fp8_mlu(register):
+    backend = register(emulated("cap6"))
+    g = seeded(42)
+    a, a_scale, w, w_scale = fp8_inputs(g)
+    args = (a, a_scale, w, w_scale, BF16)
+    assert chosen("fp8_block_gemm", *args) == f"{EMU}.fp8_block_gemm"
+    close(hal.ops.fp8_block_gemm(*args), ref.fp8_block_gemm(*args), BF16)
+    counts = torch.tensor([2, 0, 5], dtype=I32)
+    a, a_scale, w, w_scale = fp8_inputs(g, experts=3)
+    grouped = (a, a_scale, w, w_scale, counts, F16)
+    close(hal.ops.fp8_grouped_gemm(*grouped), ref.fp8_grouped_gemm(*grouped), F16)
+    assert backend.runtime.tmo.calls["smooth_quant_group_gemm"] == 2
+    a, a_scale, w, w_scale = fp8_inputs(g, n=200)
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, BF16) == (
+        "tmo.smooth_quant_group_gemm's per-block FP8 mode needs N a whole number of blocks (n_block * "
+        "n_block_size == n), got N = 200")

@@ -191,7 +191,7 @@ def test_capabilities():
                                              "torch 2.5.1+xpytorch, vllm-kunlun 0.15.1.dev0")
     assert backend.versions()["vllm-kunlun"] == "0.15.1.dev0"
     caps = backend.cached_capabilities()
-    assert caps.dtypes == {F32, F16, BF16} and caps.dist_backend == "nccl" and caps.device_name == "P800"
+    assert caps.dtypes == {F32, F16, BF16, torch.int8} and caps.dist_backend == "nccl" and caps.device_name == "P800"
     assert caps.limits["fp8"] is False and caps.limits["indexer_key_quantisation"] == "int8 (no FP8 on P800)"
     assert caps.limits["xpu_kernels"].startswith("kunlun kernel not built")
     assert caps.limits["xspeedgate_ops"] == "installed"
@@ -545,3 +545,53 @@ def test_kernels_py_gathers_through_a_compiled_library(tmp_path, register):
     offsets = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="failed with status 3"):
         library.kv_cache_gather(cache, table, lens, offsets, torch.empty(9, 10, dtype=BF16), 1)
+
+
+# -- the checkpoints' INT8 GEMMs: vLLM-Kunlun's W8A8 kernels ----------------------------------------
+def int8_inputs(g, m=9, n=24, k=40, experts=None):
+    x, x_scale = ref.int8_quant(torch.randn(m, k, generator=g))
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    w_scale = torch.rand(*shape[:-1], generator=g) * 0.01 + 0.001
+    return x, x_scale, w, w_scale
+
+
+@pytest.mark.parametrize("vllm_kunlun", VLLM_KUNLUN_VERSIONS[1:])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_gemm_through_c_matmul(register, vllm_kunlun, bias):
+    """_C.matmul with per-token and per-channel maxima (scale * 127: "kunlun_ops use max as
+    scale"), as vLLM-Kunlun's W8A8 linear calls it."""
+    xpu = register(emulated(vllm_kunlun=vllm_kunlun)).runtime
+    g = seeded(30)
+    x, x_scale, w, w_scale = int8_inputs(g)
+    args = (x, x_scale, w, w_scale, BF16, torch.randn(24, generator=g) if bias else None)
+    assert chosen("int8_gemm", *args) == f"{EMU}.int8_gemm"
+    close(hal.ops.int8_gemm(*args), ref.int8_gemm(*args), BF16)
+    assert xpu.calls["_C.matmul"] == 1
+
+
+@pytest.mark.parametrize("vllm_kunlun", VLLM_KUNLUN_VERSIONS[1:])
+def test_int8_grouped_gemm_through_moe_fc(register, vllm_kunlun):
+    xpu = register(emulated(vllm_kunlun=vllm_kunlun)).runtime
+    g = seeded(31)
+    counts = torch.tensor([4, 0, 3, 2], dtype=I32)
+    x, x_scale, w, w_scale = int8_inputs(g, experts=4)
+    args = (x, x_scale, w, w_scale, counts, F16)
+    assert chosen("int8_grouped_gemm", *args) == f"{EMU}.int8_grouped_gemm"
+    close(hal.ops.int8_grouped_gemm(*args), ref.int8_grouped_gemm(*args), F16)
+    assert xpu.calls["_C.moe_fc"] == 1 and xpu.C.fc_acts == [None]
+
+
+def test_int8_gemms_decline_what_vllm_kunlun_does_not_show(register):
+    x, x_scale, w, w_scale = int8_inputs(seeded(32))
+    register(emulated())
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, F32, None) == (
+        "matmul is called with the activations' bf16/fp16 as out_dtype by vLLM-Kunlun; torch.float32 is UNVERIFIED")
+    hal.unload_plugin(EMU)
+    register(emulated(vllm_kunlun="0.10.1.1"))      # no W8A8 path (nor _C.matmul) before 0.11.0
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, BF16, None) == (
+        "torch.ops._C lacks matmul (vLLM-Kunlun's kernel library is not loaded in this process)")
+    counts = torch.tensor([9], dtype=I32)
+    assert rejection("int8_grouped_gemm", x, x_scale, w[None], w_scale[None], counts, BF16) == (
+        "w8a8_max_scales unverified here: vllm-kunlun 0.10.1.1 is older than 0.11.0, the oldest version "
+        "w8a8_max_scales was read from")

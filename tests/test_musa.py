@@ -479,7 +479,7 @@ def vendor_ops(card: str, mate: str | None) -> set[str]:
     kernels): torch_musa's everywhere, mate's on the S5000 where the mate version has them."""
     ops = {"rms_norm", "apply_rope"}
     if card == "S5000" and mate in MATE_VERSIONS:
-        ops.add("grouped_gemm")
+        ops |= {"grouped_gemm", "fp8_block_gemm", "fp8_grouped_gemm"}
         if mate in FLASH_MLA_VERSIONS:
             ops |= {"sparse_mla_attention", "sparse_mla_decode_paged"}
     return ops
@@ -504,5 +504,62 @@ def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, monkeypatch,
     own = {r.op for r in records if r.status == "pass" and r.impl == f"{EMU}.{r.op}"}
     assert own == served & set(ops)
     declined = [r for r in records if r.status == "fallback"]
-    vendor_reasons = ("MUSA kernel not built", "mate builds for MP31 only", "unverified here", "implements ")
+    vendor_reasons = ("MUSA kernel not built", "mate builds for MP31 only", "unverified here", "implements ",
+                      "writes bfloat16 or float16 only")
     assert all(r.op in served or any(why in r.reason for why in vendor_reasons) for r in declined), declined
+
+
+# -- the checkpoints' FP8 GEMMs: mate on the S5000 -------------------------------------------------
+def fp8_gemm_inputs(g, m=7, n=200, k=384, experts=None):
+    """DeepSeek-V3 block-scaled FP8 operands, made by the contract's own quantizer."""
+    a, a_scale = hal.reference.fp8_block_quant(randn(m, k, g=g), 128)
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = (randn(*shape, g=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w_scale = torch.rand(*shape[:-2], -(-n // 128), k // 128, generator=g) * 0.01 + 0.001
+    return a, a_scale, w, w_scale
+
+
+@pytest.mark.parametrize("mate", MATE_VERSIONS)
+@pytest.mark.parametrize("out_dtype", [BF16, F16])
+def test_fp8_block_gemm_on_an_s5000_uses_mates_groupwise_gemm(hal_state, monkeypatch, mate, out_dtype):
+    backend = register(hal_state, monkeypatch, "S5000", mate=mate)
+    a, a_scale, w, w_scale = fp8_gemm_inputs(seeded(20))   # N = 200: a partial last weight block
+    args = (a, a_scale, w, w_scale, out_dtype)
+    assert chosen("fp8_block_gemm", *args) == f"{EMU}.fp8_block_gemm"
+    torch.testing.assert_close(hal.ops.fp8_block_gemm(*args), hal.reference.fp8_block_gemm(*args),
+                               rtol=1.6e-2, atol=1e-2)
+    assert backend.runtime.calls["gemm_fp8_nt_groupwise"] == 1
+
+
+@pytest.mark.parametrize("mate", MATE_VERSIONS)
+def test_fp8_grouped_gemm_on_an_s5000_uses_mates_per_expert_gemm(hal_state, monkeypatch, mate):
+    backend = register(hal_state, monkeypatch, "S5000", mate=mate)
+    g = seeded(21)
+    counts = torch.tensor([3, 0, 5, 1], dtype=I32)
+    a, a_scale, w, w_scale = fp8_gemm_inputs(g, m=9, n=130, k=256, experts=4)
+    args = (a, a_scale, w, w_scale, counts, BF16)
+    assert chosen("fp8_grouped_gemm", *args) == f"{EMU}.fp8_grouped_gemm"
+    torch.testing.assert_close(hal.ops.fp8_grouped_gemm(*args), hal.reference.fp8_grouped_gemm(*args),
+                               rtol=1.6e-2, atol=1e-2)
+    assert backend.runtime.calls["ragged_m_moe_gemm_8bit"] == 1
+
+
+def test_fp8_gemms_decline_what_mate_cannot_write_or_run(hal_state, monkeypatch):
+    a, a_scale, w, w_scale = fp8_gemm_inputs(seeded(22))
+    register(hal_state, monkeypatch, "S5000")
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, F32) == (
+        "mate's gemm_fp8_nt_groupwise writes bfloat16 or float16 only (mate/gemm.py: \"Only bf16 and fp16 are "
+        "supported for out_type!\"), not float32")
+    hal.unload_plugin(EMU)
+    register(hal_state, monkeypatch, "S4000")
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, BF16) == (
+        "device MTT S4000 does not support float8_e4m3fn (capabilities: {bfloat16, float16, float32})")
+    hal.unload_plugin(EMU)
+    register(hal_state, monkeypatch, "S5000", mate="0.1.0")
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, BF16).startswith("mate_gemm unverified here")
+
+
+def test_no_int8_gemm_is_claimed_on_musa():
+    """Neither torch_musa (<= v2.7.1: _scaled_mm takes float8 only) nor mate (<= v0.2.2: its
+    8-bit GEMMs are FP8) documents an int8 GEMM."""
+    assert not {"int8_gemm", "int8_grouped_gemm", "int8_quant"} & set(emulated("S5000").impls)

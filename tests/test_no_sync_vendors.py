@@ -118,10 +118,13 @@ CONFIGS = {
 
 
 #: what a configuration declines for every input (the chip lacks it): served by another one
-DECLINED_EVERYWHERE = {"musa S4000": {"grouped_gemm"},                     # mate's GEMMs: mp_31 only
-                       "dcu lightop 0.5": {"sparse_mla_attention", "sparse_mla_decode_paged", "kv_cache_write",
-                                           "moe_permute", "moe_unpermute"},   # kernel-only ops, no kernels
-                       "cambricon MLU590": {"indexer_k_cache_write"}}      # no FP8 declared
+DECLINED_EVERYWHERE = {
+    "musa S4000": {"grouped_gemm", "fp8_block_gemm", "fp8_grouped_gemm"},    # mate's GEMMs: mp_31 only
+    "dcu lightop 0.5": {"sparse_mla_attention", "sparse_mla_decode_paged", "kv_cache_write", "moe_permute",
+                        "moe_unpermute"},                                     # kernel-only ops, no kernels
+    "cambricon MLU590": {"indexer_k_cache_write", "fp8_block_gemm", "fp8_grouped_gemm"},   # no FP8 declared
+    "cambricon cap6": {"fp8_grouped_gemm"},              # per-block FP8 needs N % 128 == 0: no tiny case has it
+}
 
 
 def where() -> dict:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from glm5_hal.vendor_backend import Behaviour, Era
 from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
@@ -73,4 +75,6 @@ def generation_of(major: int, fp8: bool = False) -> Generation | None:
 
 
 def device_dtypes(gen: Generation) -> frozenset:
-    return shared_device_dtypes(bf16=gen.bf16, fp8=gen.fp8)
+    """The float dtypes of the generation, and int8 (the W8A8 GEMMs' codes: torch_mlu_ops
+    1.12.1 smooth_quant_group_gemm's "Type: a: int8", with no generation named)."""
+    return shared_device_dtypes(bf16=gen.bf16, fp8=gen.fp8) | {torch.int8}

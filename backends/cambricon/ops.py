@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined,
-                                     no_permuted_rows, pad_heads, permuted_in_contract_order, repeated_slot,
-                                     sigmoid_underflow, spare_expert_ids, weight_cast_declined, write_key_rows)
+from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, dtype_name, first_reason,
+                                     int32_slots_declined, no_permuted_rows, pad_heads, permuted_in_contract_order,
+                                     repeated_slot, sigmoid_underflow, spare_expert_ids, weight_cast_declined,
+                                     write_key_rows)
 
 from .kernels import KernelLibrary
 
@@ -61,6 +62,9 @@ OP_LIMITS = {
     "tmo.masked_indexer_select_paged_kv": f"head_size {INDEXER_DIM}, <= {INDEXER_HEADS[-1]} heads "
                                           f"(zero-padded to {INDEXER_HEADS}), bf16/fp16, one decode row per "
                                           "query (its length >= 1), no FP8 keys with a bf16 query",
+    "tmo.smooth_quant_group_gemm": "int8_gemm / int8_grouped_gemm (per-token x per-channel scales) and, on FP8 MLUs, "
+                                   "fp8_block_gemm / fp8_grouped_gemm (its a_groupwise-b_per_block mode: N a multiple "
+                                   "of 128); half/bfloat16 out only; no float32 bias",
     "torch_mlu_ops version": "1.12.1 only (the one public release; chips.TMO_API)",
     "sparse_mla_decode_paged (BANG C)": f"Dqk <= {_DECODE.max_dqk}, H <= {_DECODE.max_heads}",
 }
@@ -390,6 +394,87 @@ def indexer_topk_paged(backend: "CambriconBackend", q: Tensor, k_cache: Tensor, 
     return torch.where(valid, selected.view(rows, topk), -1).to(_I32).view(batch, queries, topk)
 
 
+# -- the checkpoints' quantized GEMMs: tmo.smooth_quant_group_gemm ----------------------------------
+_QBLOCK = 128   # the FP8 checkpoints' block (glm5_hal.reference.quant.FP8_GEMM_BLOCK)
+
+
+def _sq_declined(backend: "CambriconBackend", out_dtype: torch.dtype) -> str | None:
+    return _tmo_declined(backend) or (
+        None if out_dtype in HALVES else
+        f"tmo.smooth_quant_group_gemm writes half or bfloat16 only (its dtype argument), not {dtype_name(out_dtype)}")
+
+
+def _sq_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, counts: Tensor,
+             out_dtype: torch.dtype) -> Tensor:
+    """smooth_quant_group_gemm(a, b [E, N, K], m_list, None, None, None, None, a_scale, b_scale,
+    dtype, max_m), as vllm-mlu's W8A8 MoE calls it (vllm_mlu/_mlu_ops.py @8fa99fd9); max_m only has
+    to bound the counts (its docstring asks for "the theoretical maximum"): the row count does,
+    without reading them."""
+    rows, cols = a.shape[0], b.shape[1]
+    if rows == 0 or cols == 0 or a.shape[1] == 0:   # nothing to multiply: the contract's zeros
+        return a.new_zeros((rows, cols), dtype=out_dtype)
+    return backend.runtime.tmo.smooth_quant_group_gemm(
+        a.contiguous(), b.contiguous(), counts.to(_I32).contiguous(), None, None, None, None, a_scale.contiguous(),
+        b_scale.contiguous(), out_dtype, rows)
+
+
+def int8_gemm_supported(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                        out_dtype: torch.dtype, bias: Tensor | None) -> Verdict:
+    return first_reason(
+        lambda: _sq_declined(backend, out_dtype),
+        lambda: None if bias is None else
+        "tmo.smooth_quant_group_gemm takes its bias in half/bfloat16 (Type: bias): the float32 bias would round "
+        "before it is added")
+
+
+def int8_gemm(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+              out_dtype: torch.dtype, bias: Tensor | None) -> Tensor:
+    """One expert holding every row (Math: d_i = matmul(a_i, b[i]) * outer(a_scale_i, b_scale[i]))."""
+    counts = torch.full((1,), x.shape[0], dtype=_I32, device=x.device)
+    return _sq_gemm(backend, x, x_scale, w.unsqueeze(0), w_scale.unsqueeze(0), counts, out_dtype)
+
+
+def int8_grouped_gemm_supported(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                                tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return _sq_declined(backend, out_dtype) or True
+
+
+def int8_grouped_gemm(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                      tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    return _sq_gemm(backend, x, x_scale, w, w_scale, tokens_per_expert, out_dtype)
+
+
+def _fp8_block_declined(backend: "CambriconBackend", n: int, out_dtype: torch.dtype) -> str | None:
+    return (_sq_declined(backend, out_dtype) or backend.fp8_declined()
+            or (None if n % _QBLOCK == 0 else
+                f"tmo.smooth_quant_group_gemm's per-block FP8 mode needs N a whole number of blocks (n_block * "
+                f"n_block_size == n), got N = {n}"))
+
+
+def fp8_block_gemm_supported(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                             out_dtype: torch.dtype) -> Verdict:
+    return _fp8_block_declined(backend, w.shape[0], out_dtype) or True
+
+
+def fp8_block_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                   out_dtype: torch.dtype) -> Tensor:
+    """The a_groupwise-b_per_block mode: a_scale as (k_block, total_m), b_scale (experts, n_block,
+    k_block) (the docstring's Args; its Math shows only the per-token mode: the per-block product
+    is inferred, UNVERIFIED beyond the emulator)."""
+    counts = torch.full((1,), a.shape[0], dtype=_I32, device=a.device)
+    return _sq_gemm(backend, a, a_scale.transpose(0, 1), w.unsqueeze(0), w_scale.unsqueeze(0), counts, out_dtype)
+
+
+def fp8_grouped_gemm_supported(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                               tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return _fp8_block_declined(backend, w.shape[1], out_dtype) or True
+
+
+def fp8_grouped_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                     tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    return _sq_gemm(backend, a, a_scale.transpose(0, 1), w, w_scale, tokens_per_expert, out_dtype)
+
+
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
     Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
@@ -402,5 +487,9 @@ ADAPTERS = (
     Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS + (_FP8,), supports=kv_cache_gather_supported),
     Adapter("indexer_k_cache_write", indexer_k_cache_write, dtypes=FLOATS, supports=indexer_k_cache_write_supported),
     Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports=indexer_topk_paged_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports=int8_grouped_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports=fp8_grouped_gemm_supported),
     SPARSE_MLA_DECODE_PAGED,   # the BANG C kernel (kernels.py)
 )

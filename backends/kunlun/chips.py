@@ -37,9 +37,9 @@ BLOCK_STATISTIC_ROWS = 12
 #: xspeedgate_ops.hadamard_transform's largest D: UNVERIFIED (32768 is Dao-AILab
 #: fast-hadamard-transform's limit, whose API it mirrors; no Kunlun source states one).
 HADAMARD_MAX_DIM = 32768
-#: fp32/fp16/bf16 (vllm_kunlun/platforms/kunlun.py:354-363 @09869ee lists int8 as well, for
-#: quantised weights; no FP8).
-DTYPES_KUNLUN3 = frozenset({torch.float32, torch.float16, torch.bfloat16})
+#: fp32/fp16/bf16 and int8 (the W8A8 GEMMs' codes): vllm_kunlun/platforms/kunlun.py:354-363 @09869ee
+#: ("Supported dtypes are: fp32, fp16, bf16, int8."); no FP8.
+DTYPES_KUNLUN3 = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8})
 
 #: The `_C` MoE kernels as vLLM-Kunlun registers and calls them: moe_softmax_topk(x,
 #: normed_score, topk_index, block_statistic, axis=-1, turn=True), moe_softmax_topk_norm(...,

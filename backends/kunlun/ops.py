@@ -53,6 +53,8 @@ OP_LIMITS = {
     "moe_post": "one row per (token, slot): repeated src entries are declined",
     "moe_fc": f"act=None, no topk_ids (as vLLM-Kunlun's unquantised fused_moe calls it); <= {_MAX_E} experts",
     "xspeedgate_ops.hadamard_transform": f"D <= {chips.HADAMARD_MAX_DIM} (UNVERIFIED); needs xspeedgate_ops",
+    "_C.matmul / moe_fc (W8A8)": "int8_gemm / int8_grouped_gemm with per-token and per-channel maxima (scale * 127), "
+                                 "as vLLM-Kunlun's W8A8 path calls them (vllm-kunlun >= 0.11.0); bf16/fp16 out only",
     "vLLM-Kunlun": f"the _C MoE kernels as registered by vllm-kunlun 0.10.1.1 - 0.15.1 "
                    f"(chips.MOE_KERNELS); other versions are declined",
     "indexer": "not implemented: the Kunlun kernels score int8-quantised keys and queries (I8_paged_mqa_logits)",
@@ -253,6 +255,68 @@ def grouped_gemm(backend: "KunlunBackend", x: Tensor, w: Tensor, tokens_per_expe
     return y.view(rows, w.shape[1])
 
 
+# -- the checkpoints' INT8 GEMMs: vLLM-Kunlun's W8A8 kernels ----------------------------------------
+_I8 = torch.int8
+
+
+def _w8a8_declined(backend: "KunlunBackend", out_dtype: torch.dtype, kernel: str) -> str | None:
+    return (_missing_ops(backend, kernel) or backend.unverified("w8a8_max_scales")
+            or (None if out_dtype in (_F16, _BF16) else
+                f"{kernel} is called with the activations' bf16/fp16 as out_dtype by vLLM-Kunlun; "
+                f"{out_dtype} is UNVERIFIED"))
+
+
+def _as_max(backend: "KunlunBackend", scale: Tensor) -> Tensor:
+    """A per-row / per-channel scale as the maximum kunlun_ops takes ("use max as scale")."""
+    return (scale.to(_F32) * backend.behaviour("w8a8_max_scales")).unsqueeze(-1).contiguous()
+
+
+def int8_gemm_supported(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                        out_dtype: torch.dtype, bias: Tensor | None) -> Verdict:
+    return _w8a8_declined(backend, out_dtype, "matmul") or True
+
+
+def int8_gemm(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+              out_dtype: torch.dtype, bias: Tensor | None) -> Tensor:
+    """torch.ops._C.matmul(x, w [N, K], out_dtype, x_pc_max=, w_pc_max=, bias=) as vLLM-Kunlun's
+    W8A8 linear calls it (quantization/kernels/scale_mm.py:83-91 @09869ee)."""
+    rows, cols = x.shape[0], w.shape[0]
+    if rows == 0 or cols == 0 or x.shape[1] == 0:    # nothing to multiply: the contract's result
+        out = x.new_zeros((rows, cols), dtype=_F32)
+        return (out if bias is None else out + bias.to(_F32)).to(out_dtype)
+    return backend.runtime.C.matmul(
+        x=x.contiguous(), w=w.contiguous(), out_dtype=out_dtype, x_pc_max=_as_max(backend, x_scale),
+        w_pc_max=_as_max(backend, w_scale), bias=None if bias is None else bias.to(_F32).contiguous())
+
+
+def int8_grouped_gemm_supported(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                                tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return first_reason(lambda: _moe_declined(backend, "moe_fc"),
+                        lambda: _w8a8_declined(backend, out_dtype, "moe_fc"),
+                        lambda: _experts_over(w.shape[0], "moe_fc"))
+
+
+def int8_grouped_gemm(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                      tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """moe_fc with int8 x and weights, as vLLM-Kunlun's W8A8 MoE calls it
+    (quantization/compressed_tensors/compressed_tensors_moe.py:226-236 @09869ee): rows grouped by
+    expert are top-1 routed tokens whose sorted position is their own index; topk_ids, which
+    that path always passes, are each row's expert."""
+    rows, experts, cols = x.shape[0], w.shape[0], w.shape[1]
+    if rows == 0 or cols == 0 or x.shape[1] == 0:
+        return x.new_zeros((rows, cols), dtype=out_dtype)
+    lod = torch.zeros(experts + 1, dtype=_I32, device=x.device)
+    lod[1:] = torch.cumsum(tokens_per_expert, 0).to(_I32)
+    expert_of_row = torch.repeat_interleave(torch.arange(experts, dtype=_I32, device=x.device),
+                                            tokens_per_expert.long(), output_size=rows)
+    y = x.new_empty((rows, 1, cols), dtype=out_dtype)
+    backend.runtime.C.moe_fc(x=x.contiguous(), weight=w.contiguous(), sorted_tokens_num_lod=lod,
+                             sorted_tokens_idx=torch.arange(rows, dtype=_I32, device=x.device), moe_topk=1, y=y,
+                             x_perchannel_max=_as_max(backend, x_scale), w_perchannel_max=_as_max(backend, w_scale),
+                             topk_ids=expert_of_row.view(rows, 1))
+    return y.view(rows, cols)
+
+
 # -- KV cache ----------------------------------------------------------------------------------
 def kv_cache_write_supported(backend: "KunlunBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> Verdict:
     return int32_slots_declined(cache, "kunlun_ops.reshape_and_cache") or True
@@ -287,6 +351,8 @@ ADAPTERS = (
     Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
     Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports=int8_grouped_gemm_supported),
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS, supports=kv_cache_write_supported),
     Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS, supports=kv_cache_gather_supported),
     SPARSE_MLA_DECODE_PAGED,   # the XPU C++ kernel (kernels.py)

@@ -39,6 +39,9 @@ OP_LIMITS = {
                                 f"{arch.MIN_MUDNN_FOR_MLA_ROPE})",
     "mate ragged_m_moe_gemm_16bit": "grouped_gemm on mp_31: bf16/fp16, tokens per expert (gemm_mode='per_expert'); "
                                     "zero-token experts are not covered by mate's tests (unverified)",
+    "mate gemm_fp8_nt_groupwise / ragged_m_moe_gemm_8bit": "fp8_block_gemm / fp8_grouped_gemm on mp_31: (1, 128, 128) "
+                                                           "block scales, K-major; bf16/fp16 out only; zero-token "
+                                                           "experts not covered by mate's tests (unverified)",
     "mate flash_mla_sparse_fwd": f"mp_31 only; bfloat16; Dqk {arch.FLASH_MLA_DQK}, d_v {arch.FLASH_MLA_DV}; "
                                  f"topk padded to a multiple of {arch.FLASH_MLA_TOPK_MULTIPLE}, heads to a multiple "
                                  f"of {arch.FLASH_MLA_HEAD_MULTIPLE}; its lse base by mate version",
@@ -129,6 +132,55 @@ def grouped_gemm(backend: "MusaBackend", x: Tensor, w: Tensor, tokens_per_expert
     backend.runtime.mate.gemm.ragged_m_moe_gemm_16bit(
         x.contiguous(), w.contiguous(), tokens_per_expert.to(_I32).contiguous(), out,
         gemm_mode="per_expert", major_a_mode="K", major_b_mode="K")
+    return out
+
+
+# -- the checkpoints' FP8 GEMMs: mate's groupwise FP8 GEMMs on the S5000 ---------------------------
+def _fp8_gemm_declined(backend: "MusaBackend", out_dtype: torch.dtype, feature: str) -> str | None:
+    return (_mate_declined(backend, "mate_gemm", feature)
+            or (None if out_dtype in HALVES else
+                f"{feature} writes bfloat16 or float16 only (mate/gemm.py: \"Only bf16 and fp16 are supported for "
+                f"out_type!\"), not {dtype_name(out_dtype)}"))
+
+
+def fp8_block_gemm_supported(backend: "MusaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                             out_dtype: torch.dtype) -> Verdict:
+    return _fp8_gemm_declined(backend, out_dtype, "mate's gemm_fp8_nt_groupwise") or True
+
+
+def fp8_block_gemm(backend: "MusaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                   out_dtype: torch.dtype) -> Tensor:
+    """mate.gemm.gemm_fp8_nt_groupwise(a [M, K], b [N, K], a_scale [M, K/128], b_scale
+    [ceil(N/128), K/128], scale_major_mode="K", scale_granularity_mnk=(1, 128, 128)): the
+    DeepSeek-V3 block format, as mate's tests/test_groupwise_fp8_scaled_gemm.py builds it."""
+    rows, cols = a.shape[0], w.shape[0]
+    if rows == 0 or cols == 0 or a.shape[1] == 0:   # nothing to multiply: the contract's zeros
+        return a.new_zeros((rows, cols), dtype=out_dtype)
+    return backend.runtime.mate.gemm.gemm_fp8_nt_groupwise(
+        a.contiguous(), w.contiguous(), a_scale.contiguous(), w_scale.contiguous(), scale_major_mode="K",
+        scale_granularity_mnk=(1, arch.MATE_FP8_BLOCK, arch.MATE_FP8_BLOCK), out_dtype=out_dtype)
+
+
+def fp8_grouped_gemm_supported(backend: "MusaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                               tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return _fp8_gemm_declined(backend, out_dtype, "mate's ragged_m_moe_gemm_8bit") or True
+
+
+def fp8_grouped_gemm(backend: "MusaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                     tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """mate.gemm.ragged_m_moe_gemm_8bit((a, a_scale), (b, b_scale), tokens per expert, out,
+    gemm_mode="per_expert"), as mate's tests/test_gemm.py test_m_contig_gemm_8bit calls it."""
+    rows, cols = a.shape[0], w.shape[1]
+    out = a.new_empty((rows, cols), dtype=out_dtype)
+    if rows == 0 or cols == 0:
+        return out
+    if a.shape[1] == 0:
+        return out.zero_()
+    block = arch.MATE_FP8_BLOCK
+    backend.runtime.mate.gemm.ragged_m_moe_gemm_8bit(
+        (a.contiguous(), a_scale.contiguous()), (w.contiguous(), w_scale.contiguous()),
+        tokens_per_expert.to(_I32).contiguous(), out, gemm_mode="per_expert", major_a_mode="K", major_b_mode="K",
+        scale_granularity_mnk=(1, block, block))
     return out
 
 
@@ -230,6 +282,8 @@ ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
     Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=HALVES, supports=grouped_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_grouped_gemm_supported),
     Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports=sparse_mla_attention_supported),
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=FLOATS,
             supports=sparse_mla_decode_paged_supported),

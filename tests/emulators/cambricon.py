@@ -296,6 +296,63 @@ class TorchMluOps:
             return d
         return result
 
+    def smooth_quant_group_gemm(self, a, b, m_list, expand_idx, c, alpha, beta, a_scale, b_scale, dtype, max_m,
+                                bias=None, quant_flag=None, d=None, tile_config=None, a_calibration=None,
+                                b_calibration=None, a_quant_bit_size=8, a_lora=None, b_lora=None, idx_offset=None,
+                                is_symmetric_quant=True):
+        """Math (1.12.1): a_list = a.split(m_list); d_i = matmul(a_i, b[i]) * outer(a_scale_i,
+        b_scale[i]) * alpha[i] + beta[i] * c_i + bias[i] (b "must be transposed": b[i] is [n, k],
+        matmul(a_i, b[i]) is a_i @ b[i]^T). Two modes are emulated: smooth quantization (int8 a
+        and b, a_scale (total_m), b_scale (experts, n)) and a_groupwise-b_per_block (float8 a and
+        b, a_scale (k_block, total_m), b_scale (experts, n_block, k_block), k_block * block == k,
+        n_block * block == n; the per-block product is inferred from the Args, the Math shows only
+        the first mode). dtype must be half or bfloat16."""
+        op = "smooth_quant_group_gemm"
+        _not_emulated(expand_idx is not None or idx_offset is not None, op, "expand_idx gathering")
+        _not_emulated(c is not None or alpha is not None or beta is not None or bias is not None or d is not None, op,
+                      "c / alpha / beta / bias / d epilogues")
+        _not_emulated(quant_flag is not None or tile_config is not None or a_calibration is not None
+                      or b_calibration is not None or a_lora is not None or b_lora is not None
+                      or a_quant_bit_size != 8, op, "int4, calibration, lora and tile modes")
+        _require(dtype in HALVES, op, f"dtype must be torch.half or torch.bfloat16, got {dtype}")
+        _tensor(op, "a", a, (_I8, _FP8), ndim=2)
+        self._device_dtype(op, a)
+        _tensor(op, "b", b, (a.dtype,), ndim=3)
+        experts, n, k = b.shape
+        total_m = a.shape[0]
+        _require(a.shape[1] == k, op, f"a is (m, {a.shape[1]}) but b is (experts, n, {k})")
+        _tensor(op, "m_list", m_list, (_I32,), ndim=1)
+        _require(m_list.shape[0] == experts, op, f"m_list must have {experts} entries")
+        counts = [int(v) for v in m_list.tolist()]
+        _require(all(v >= 0 for v in counts), op, "m_list entries must be >= 0")
+        if sum(counts) != total_m:
+            raise NotEmulatedError(f"torch_mlu_ops.{op}: rows of a past the sum of m_list are not emulated")
+        _require(max(counts, default=0) <= max_m, op, f"max_m {max_m} is smaller than an m_list entry")
+        if a.dtype == _I8:
+            _tensor(op, "a_scale", a_scale, (_F32,), ndim=1)
+            _require(a_scale.shape[0] == total_m, op, f"a_scale must be ({total_m})")
+            _tensor(op, "b_scale", b_scale, (_F32,), ndim=2)
+            _require(tuple(b_scale.shape) == (experts, n), op, f"b_scale must be ({experts}, {n})")
+            a_deq = a.double() * a_scale.double()[:, None]
+            b_deq = b.double() * b_scale.double()[:, :, None]
+        else:
+            _tensor(op, "a_scale", a_scale, (_F32,), ndim=2)
+            _tensor(op, "b_scale", b_scale, (_F32,), ndim=3)
+            k_block, n_block = a_scale.shape[0], b_scale.shape[1]
+            _require(a_scale.shape[1] == total_m and tuple(b_scale.shape) == (experts, n_block, k_block), op,
+                     "a_scale must be (k_block, total_m) and b_scale (experts, n_block, k_block)")
+            _require(k_block > 0 and k % k_block == 0 and n_block > 0 and n % n_block == 0, op,
+                     "k_block * k_block_size must be equal to k, and n_block * n_block_size to n")
+            kb, nb = k // k_block, n // n_block
+            a_deq = a.double() * a_scale.double().T.repeat_interleave(kb, dim=1)
+            b_deq = b.double() * b_scale.double().repeat_interleave(nb, dim=1).repeat_interleave(kb, dim=2)
+        out = torch.empty((total_m, n), dtype=torch.float64)
+        start = 0
+        for e, count in enumerate(counts):
+            out[start:start + count] = a_deq[start:start + count] @ b_deq[e].T
+            start += count
+        return out.to(dtype)
+
     def _route(self, op, input, topk, normalize, num_expert_group, topk_group, mask, normed_by, route_scale,
                score_bias, reduce_weight, expert_id, func):
         _tensor(op, "input", input, FLOATS, contiguous=True)
