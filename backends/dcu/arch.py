@@ -83,7 +83,7 @@ class Generation:
 GENERATIONS = (
     Generation("gfx906", "Z100/Z100L", bf16=False, fp8=False,
                unconfirmed="product name; bf16 (the Vega 20 ISA has none; DTK may still emulate it)"),
-    Generation("gfx916", "K100 (one field note)", bf16=True, fp8=False, unconfirmed="gfx number per product"),
+    Generation("gfx916", "K100 (UNVERIFIED)", bf16=True, fp8=False, unconfirmed="gfx number per product"),
     Generation("gfx926", "K100", bf16=True, fp8=False, unconfirmed="gfx number per product"),
     Generation("gfx928", "K100_AI", bf16=True, fp8=False, unconfirmed="product name; fp8 support"),
     Generation("gfx936", "BW1000", bf16=True, fp8=False, unconfirmed="product name; fp8 support"),
