@@ -251,6 +251,16 @@ def test_a_version_outside_the_verified_range_narrows_the_backend_and_says_so(kw
     assert "; narrowed to what is verified (" in availability.reason and narrowed in availability.reason
 
 
+def test_the_backend_list_shows_the_narrowing(hal_state, monkeypatch, capsys):
+    """What `glm5-hal backends` (and `glm5-hal doctor`, through the same rows) prints."""
+    from glm5_hal import cli
+    register(hal_state, monkeypatch, "S5000", mate="0.3.0")
+    row = next(r for r in hal.backends() if r.name == EMU)
+    assert row.available and "narrowed to what is verified (flash_mla_lse: mate 0.3.0 is newer than 0.2.2" in row.reason
+    cli.main(["backends"])
+    assert "narrowed to what is verified (flash_mla_lse: mate 0.3.0" in capsys.readouterr().out
+
+
 def test_unverified_torch_musa_ops_are_declined(hal_state, monkeypatch):
     backend = register(hal_state, monkeypatch, "S4000", version="2.9.1")
     x, w = torch.ones(2, 8), torch.ones(8)
