@@ -439,7 +439,7 @@ def test_backend_adapters_on_the_simulated_kernels_match_the_reference(simulated
     else:
         from glm5_hal.backends.dcu import DcuBackend
         from emulators.dcu import DcuEmulator
-        backend = DcuBackend(runtime=DcuEmulator("K100_AI", lightop=False), name="gpu_sim", device_type="cpu",
+        backend = DcuBackend(runtime=DcuEmulator("K100_AI", lightop=None), name="gpu_sim", device_type="cpu",
                              priority=1000)
     backend.kernels = simulated
     plugin = types.ModuleType("gpu_sim_plugin")

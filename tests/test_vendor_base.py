@@ -1,6 +1,8 @@
 """Vendor identification and the VendorBackend base: probing never raises and says why."""
 from __future__ import annotations
 
+import re
+
 import sys
 import types
 
@@ -43,6 +45,17 @@ def test_every_vendor_fact_is_complete():
     for v in vendors.VENDORS.values():
         assert v.device_type and v.dist_backend and v.smi and v.visible_devices and v.toolchain_env
         assert set(v.unconfirmed) <= {f.name for f in vendors.dataclasses.fields(v)}
+
+
+@pytest.mark.parametrize("name", ["ascend", "musa", "dcu", "cambricon", "kunlun"])
+def test_every_fact_of_a_vendor_names_its_public_source_or_is_unconfirmed(name):
+    """Each field of these vendors' records names a public source (repository, path, tag or
+    commit) in vendors.SOURCES, or is listed as unconfirmed; never both."""
+    vendor, sources = vendors.VENDORS[name], vendors.SOURCES[name]
+    facts = {"bridge", "device_type", "dist_backend", "toolchain_env", "compiler", "smi", "visible_devices"}
+    assert set(sources) | set(vendor.unconfirmed) >= facts
+    assert not set(sources) & set(vendor.unconfirmed) - {"bridge"}   # kunlun: sourced for v0.10.1.1 only
+    assert all(re.search(r"@[0-9a-f]{7,}|\(?[0-9a-f]{7,8}\)|v\d+\.\d+|\d+\.\d+\.\d+ wheel", text) for text in sources.values()), sources
 
 
 class FakeAscend(VendorBackend):

@@ -101,7 +101,7 @@ def sparse_mla_attention(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, s
     if tokens == 0 or kv.shape[0] == 0:
         return no_valid_rows(q, d_v, (tokens,))
     one = torch.zeros((1, 1), dtype=_I32, device=q.device)
-    lens = torch.tensor([kv.shape[0]], dtype=_I32, device=q.device)
+    lens = torch.full((1,), kv.shape[0], dtype=_I32, device=q.device)   # made on the device: no host copy
     out, lse = backend.kernels.sparse_mla_decode_paged(q.unsqueeze(0), kv.unsqueeze(0), one, lens,
                                                        indices.unsqueeze(0), sm_scale, d_v, backend.stream(q.device))
     return out.squeeze(0), lse.squeeze(0)

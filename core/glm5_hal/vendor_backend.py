@@ -395,6 +395,16 @@ def module_version(module: Any) -> str | None:
     return str(getattr(module, "__version__", "") or "") or None
 
 
+def distribution_version(name: str) -> str | None:
+    """The installed version of distribution `name` (its package metadata), read without
+    importing it; None when it is not installed or its metadata cannot be read."""
+    from importlib import metadata
+    try:
+        return metadata.version(name) or None
+    except Exception:  # PackageNotFoundError, or broken metadata of a vendor wheel
+        return None
+
+
 def require_version(what: str, version: str | None, minimum: tuple[int, ...], needs: str) -> str:
     """`version` if it is at least `minimum`, else Declined saying so. `version` None means
     the module has no __version__ (counted as too old); an unparsable one "could not be read"."""
