@@ -9,10 +9,8 @@ glm5_hal's own launcher (glm5_hal.kernel_library) and only its C entry point is 
 Each call is made once before it is watched: one-time work (the dcu backend's torch._grouped_mm
 self-check, cambricon's rope frequency constants) is outside the steady state.
 
-Two things are not counted, each named: the one scalar read of an op whose output size is
-the data (moe_permute's row count, kv_cache_gather's total length), and reads inside the shared
-MoE helpers of glm5_hal.vendor_backend that are being made sync-free on another branch
-(PENDING_SHARED_HELPERS): once they are, nothing is exempted any more.
+One thing is not counted: the one scalar read of an op whose output size is the data
+(moe_permute's row count, kv_cache_gather's total length).
 """
 from __future__ import annotations
 
@@ -41,9 +39,6 @@ from no_sync import DEVICE_TYPE, device_runtime, on_device, to_device, watch
 NAME = "nosync_emu"
 #: ops whose output shape is the data: reading the size once is the op's contract
 OUTPUT_SIZE_READS = {"moe_permute", "kv_cache_gather"}
-#: shared helpers of glm5_hal.vendor_backend that still read device data; branch vendor-ascend
-#: makes them sync-free (until then a read inside one is reported, not counted)
-PENDING_SHARED_HELPERS = ("sigmoid_underflow", "spare_expert_ids", "permuted_in_contract_order", "repeated_slot")
 
 
 class GpuKernelsStandIn:
@@ -152,9 +147,9 @@ def device_args(case) -> tuple:
 
 
 def counted(syncs, op: str) -> list:
-    """The syncs that count: not inside a pending shared helper, and not the one output-size
-    read of an op whose output size is the data."""
-    left = [s for s in syncs if not any(f" in {h}" in frame for h in PENDING_SHARED_HELPERS for frame in s.frames)]
+    """The syncs that count: all but the one output-size read of an op whose output size is the
+    data."""
+    left = list(syncs)
     if op in OUTPUT_SIZE_READS:
         size_reads = [s for s in left if s.kind == "scalar read" and s.frames and s.frames[0].endswith(f" in {op}")]
         if len(size_reads) == 1:
@@ -186,8 +181,6 @@ def test_every_served_call_reads_nothing_on_the_host(hal_state, config, op):
     assert served, f"{config} served no tiny case of {op}"
 
 
-@pytest.mark.xfail(reason="the shared MoE helpers of glm5_hal.vendor_backend are made sync-free on branch "
-                          "vendor-ascend; PENDING_SHARED_HELPERS goes when that lands", strict=False)
 def test_the_shared_moe_helpers_read_nothing_on_the_host():
     from glm5_hal import vendor_backend as vb
     ids = to_device(torch.tensor([[0, 3], [-1, 1]], dtype=torch.int32))
