@@ -350,6 +350,26 @@ def test_simulated_sparse_mla_decode_rescales_when_a_later_chunk_holds_the_maxim
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("heads, dqk, d_v", [(40, 101, 72), (17, 640, 600)], ids=["two-groups-of-32", "wide-d_v"])
+def test_simulated_sparse_mla_decode_serves_every_head_group(simulated, heads, dqk, d_v):
+    """A block serves one token and a group of heads (32, or 16 when d_v > 512): more heads
+    than one group, a Dqk that is not a multiple of the 64-dim chunks, and a tile of 64 rows
+    with no valid position between valid ones (skipped as a whole)."""
+    g = seeded(27)
+    q = torch.randn(1, 2, heads, dqk, generator=g).to(torch.bfloat16)
+    cache = torch.randn(9, 16, dqk, generator=g).to(torch.bfloat16)
+    table = torch.tensor([[4, 0, 7, 2, 8, 1]], dtype=torch.int32)
+    lens = torch.tensor([90], dtype=torch.int32)
+    indices = torch.randint(0, 90, (1, 2, 150), generator=g, dtype=torch.int32)
+    indices[:, :, 64:128] = -1  # the second tile: nothing to read
+    indices[0, 1, 140:] = 90    # past the context: invalid
+    out, lse = simulated.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.09, d_v, 0)
+    ref_out, ref_lse = hal.reference.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.09, d_v)
+    torch.testing.assert_close(out, ref_out, rtol=1.6e-2, atol=1e-3)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_simulated_indexer_topk_selects_the_reference_set(simulated):
     g = seeded(21)
     tokens, heads, dim, keys = 6, 3, 16, 700
