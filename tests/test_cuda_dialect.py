@@ -3,7 +3,8 @@ no GPU here, and neither mcc (MUSA) nor hipcc (DCU). What is checked:
 
 * the C ABI header and the ctypes signatures / constants agree;
 * every CUDA runtime name the sources use is mapped by both vendor glue headers;
-* every source compiles with nvcc for sm_90 without warnings (slow);
+* (the nvcc build itself, every architecture, warnings as errors, is CMake's: make setup;
+  tests/test_cuda_backend.py reads back what it embedded);
 * the float16 / bfloat16 / FP8 bit conversions, compiled for the host with g++, equal
   torch's on every 16-bit and 8-bit pattern and on rounding ties (slow);
 * the nvcc-built library loads, and every launcher's arguments pass the kernels' host-side
@@ -18,7 +19,6 @@ import ctypes
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -89,24 +89,6 @@ def test_every_cuda_runtime_name_the_sources_use_is_mapped_by_the_glue(target):
         used |= set(re.findall(r"\bcuda[A-Z]\w*", path.read_text()))
     mapped = set(re.findall(r"#define (cuda\w+) ", GLUE[target].read_text()))
     assert used and used <= mapped, used - mapped
-
-
-def nvcc() -> str:
-    found = shutil.which("nvcc") or next((str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.exists()), None)
-    if found is None:
-        pytest.skip("nvcc not found: the CUDA-dialect sources cannot be compiled here")
-    return found
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
-def test_every_source_compiles_with_nvcc_without_warnings(source, tmp_path):
-    result = subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O2", "-arch=sm_90", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
-         "-I", str(gpu.HERE / "include"), "-I", str(INCLUDE_DIR), "-I", str(gpu.SOURCES),
-         "-o", str(tmp_path / "kernel.o"), str(source)],
-        capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
 
 
 # -- numeric conversions on the host -------------------------------------------------------------
@@ -200,7 +182,8 @@ def test_a_missing_library_is_a_reason_not_an_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def cuda_build() -> GpuKernelLibrary:
-    library = GpuKernelLibrary(gpu.cuda_library(), label="CUDA kernel", target="cuda", hint="install with nvcc")
+    from glm5_hal.backends.cuda.kernels import cuda_kernels
+    library = cuda_kernels()
     if library.missing():
         pytest.skip(f"the nvcc build is not usable: {library.missing()}")
     return library
