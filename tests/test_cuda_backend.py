@@ -412,7 +412,20 @@ def test_without_the_kernel_library_the_kernel_ops_decline_naming_it(h200):
     assert rejection("dense_mla_decode_paged", q, cache, table, lens, 0.1, 64).startswith("CUDA kernel not built")
 
 
-# -- options ----------------------------------------------------------------------------------------
+# -- --ref cuda and options --------------------------------------------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no NVIDIA GPU")
+def test_the_cuda_reference_is_float64_on_an_nvidia_gpu_and_refused_elsewhere(monkeypatch):
+    from glm5_hal.conformance import runner
+    assert runner.REFERENCE_MODES["cuda"] == ("cuda", torch.float64)
+    with pytest.raises(hal.HalError) as refused:
+        runner.check_reference_mode("cuda")
+    assert str(refused.value) == (f"conformance: --ref cuda needs a CUDA device (an NVIDIA GPU), but torch "
+                                  f"{torch.__version__} is a CPU build; use --ref cpu (float64 on the CPU)")
+    monkeypatch.setattr("glm5_hal.vendors.cuda_flavor", lambda torch_module: "rocm")
+    with pytest.raises(hal.HalError, match=r"torch's `cuda` device here is a rocm device"):
+        runner.check_reference_mode("cuda")
+
+
 def test_glm5_hal_cuda_disable_keeps_the_backend_off_an_installed_library(monkeypatch):
     monkeypatch.setenv("GLM5_HAL_CUDA_DISABLE", "flash_mla")
     module, reason = cuda_runtime.load_module("flash_mla", "FlashMLA", ("flash_mla_sparse_fwd",))
