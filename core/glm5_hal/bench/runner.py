@@ -1,6 +1,8 @@
 """Times one op three ways in the same run -- the reference (eager), `torch.compile` of the
 reference, and every available backend's own implementation -- and relates each to the
-machine's roofline. Ratios are the result; absolute times vary from machine to machine."""
+machine's roofline. Ratios are the result; absolute times vary from machine to machine.
+Inputs are built on the CPU and moved to the device under test (`device`); on an
+accelerator every timed batch ends with a device synchronisation."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +15,7 @@ import torch
 
 import glm5_hal as hal
 
-from .roofline import Roofline
+from .roofline import Roofline, synchronizer
 from .timing import median_time
 
 
@@ -40,11 +42,13 @@ class Timing:
     roofline_pct: float | None = None
     bound: str = ""
     note: str = ""
+    peak_flops_pct: float | None = None  # % of the datasheet's compute peak (where known)
+    peak_bytes_pct: float | None = None  # % of the datasheet's memory bandwidth (where known)
 
 
-def candidate_backends(only: Iterable[str] | None = None) -> list[str]:
-    """Available non-reference backends whose kernels take CPU tensors (the bench builds its
-    inputs on the CPU), or the `only` ones (an unknown or unavailable name is an error)."""
+def candidate_backends(only: Iterable[str] | None = None, device_type: str = "cpu") -> list[str]:
+    """Available non-reference backends whose kernels take `device_type` tensors, or the
+    `only` ones (an unknown or unavailable name is an error)."""
     if only:
         names = list(only)
         for name in names:
@@ -55,23 +59,35 @@ def candidate_backends(only: Iterable[str] | None = None) -> list[str]:
                 raise BackendUnavailableError(f"bench --backend {name}: not available: {avail.reason}")
         return [n for n in names if n != "reference"]
     return [r.name for r in hal.backends()
-            if r.available and r.name != "reference" and r.device_type in ("cpu", "*")]
+            if r.available and r.name != "reference" and r.device_type in (device_type, "*")]
+
+
+def to_device(a, device: torch.device):
+    if isinstance(a, torch.Tensor):
+        return a.to(device)
+    if isinstance(a, (tuple, list)):
+        return type(a)(to_device(x, device) for x in a)
+    return a
 
 
 def run_case(case: BenchCase, roofline: Roofline, backends: list[str], *,
-             compile_reference: bool = True, repeats: int = 5, min_time: float = 0.2) -> list[Timing]:
-    args = case.make()
+             compile_reference: bool = True, repeats: int = 5, min_time: float = 0.2,
+             device: str = "cpu") -> list[Timing]:
+    dev = torch.device(device)
+    args = to_device(case.make(), dev)
     try:
-        return _run(case, args, roofline, backends, compile_reference, repeats, min_time)
+        return _run(case, args, roofline, backends, compile_reference, repeats, min_time, synchronizer(dev))
     finally:
         del args
         gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
 
-def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -> list[Timing]:
+def _run(case, args, roofline, backends, compile_reference, repeats, min_time, sync) -> list[Timing]:
     reference = getattr(hal.reference, case.op)
     public = getattr(hal.ops, case.op)
-    rows = [_timed("reference", lambda: reference(*args), case, roofline, repeats, min_time)]
+    rows = [_timed("reference", lambda: reference(*args), case, roofline, repeats, min_time, sync)]
     if compile_reference and case.compile_reference:
         torch._dynamo.reset()
         try:
@@ -79,7 +95,7 @@ def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -
                 warnings.simplefilter("ignore")
                 compiled = torch.compile(reference, dynamic=False)
                 compiled(*args)
-            rows.append(_timed("compiled", lambda: compiled(*args), case, roofline, repeats, min_time))
+            rows.append(_timed("compiled", lambda: compiled(*args), case, roofline, repeats, min_time, sync))
         except Exception as exc:  # a reference torch.compile cannot handle is reported, not fatal
             rows.append(Timing("compiled", None, note=f"torch.compile failed: {type(exc).__name__}"))
         finally:
@@ -92,7 +108,7 @@ def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -
             if not chosen or not chosen.startswith(name + "."):
                 rows.append(Timing(name, None, note=f"not implemented here (runs {chosen})"))
                 continue
-            rows.append(_timed(chosen, lambda: public(*args), case, roofline, repeats, min_time))
+            rows.append(_timed(chosen, lambda: public(*args), case, roofline, repeats, min_time, sync))
     ref_ms = rows[0].ms
     for r in rows:
         if r.ms and ref_ms:
@@ -101,25 +117,27 @@ def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -
 
 
 def _timed(who: str, fn: Callable[[], object], case: BenchCase, roofline: Roofline,
-           repeats: int, min_time: float) -> Timing:
+           repeats: int, min_time: float, sync: Callable[[], None] | None = None) -> Timing:
     try:
-        seconds = median_time(fn, repeats=repeats, min_time=min_time)
+        seconds = median_time(fn, repeats=repeats, min_time=min_time, sync=sync)
     except Exception as exc:  # noqa: BLE001  (one failing implementation must not end the run)
         return Timing(who, None, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
     pct, bound = roofline.percent(seconds, case.flops, case.nbytes)
-    return Timing(who, seconds * 1e3, roofline_pct=pct if (case.flops or case.nbytes) else None, bound=bound)
+    peak_flops, peak_bytes = roofline.peak_percents(seconds, case.flops, case.nbytes)
+    return Timing(who, seconds * 1e3, roofline_pct=pct if (case.flops or case.nbytes) else None, bound=bound,
+                  peak_flops_pct=peak_flops, peak_bytes_pct=peak_bytes)
 
 
 def run_cases(cases: list[BenchCase], roofline: Roofline, backends: list[str], *, compile_reference: bool = True,
               repeats: int = 5, min_time: float = 0.2,
-              on_case: Callable[[BenchCase, list[Timing]], None] | None = None
+              on_case: Callable[[BenchCase, list[Timing]], None] | None = None, device: str = "cpu"
               ) -> list[tuple[BenchCase, list[Timing]]]:
     # the references' data-dependent sizes (.tolist(), .item()) make dynamo log graph breaks
     torch._logging.set_logs(dynamo=logging.ERROR)
     results = []
     for case in cases:
         rows = run_case(case, roofline, backends, compile_reference=compile_reference, repeats=repeats,
-                        min_time=min_time)
+                        min_time=min_time, device=device)
         results.append((case, rows))
         if on_case:
             on_case(case, rows)
@@ -132,9 +150,19 @@ def to_json(results: list[tuple[BenchCase, list[Timing]]]) -> list[dict]:
 
 
 def format_header(roofline: Roofline) -> str:
-    return (f"roofline: copy {roofline.copy_gbps:.1f} GB/s, fp32 GEMM {roofline.gemm_gflops:.1f} "
-            f"GFLOP/s ({roofline.threads} threads)\n"
-            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>8}")
+    where = f"{roofline.threads} threads" if roofline.device == "cpu" else roofline.device
+    peaks = ""
+    if roofline.peak_gflops or roofline.peak_gbps:
+        peaks = (f"; datasheet: bf16 {(roofline.peak_gflops or 0) / 1e3:.1f} TFLOP/s, memory "
+                 f"{(roofline.peak_gbps or 0) / 1e3:.2f} TB/s (% peak: flops/bytes)")
+    return (f"roofline: copy {roofline.copy_gbps:.1f} GB/s, {roofline.gemm_dtype} GEMM {roofline.gemm_gflops:.1f} "
+            f"GFLOP/s ({where}){peaks}\n"
+            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>8}"
+            + (f" {'% peak f/b':>13}" if peaks else ""))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def format_rows(case: BenchCase, rows: list[Timing]) -> str:
@@ -143,7 +171,9 @@ def format_rows(case: BenchCase, rows: list[Timing]) -> str:
         ms = f"{r.ms:10.3f}" if r.ms else f"{'-':>10}"
         ratio = f"{r.vs_reference:7.2f}" if r.vs_reference else f"{'-':>7}"
         roof = f"{r.roofline_pct:6.1f}%{r.bound[0]}" if r.roofline_pct is not None else f"{'-':>8}"
-        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof}"
+        peak = (f" {_pct(r.peak_flops_pct) + '/' + _pct(r.peak_bytes_pct):>13}"
+                if r.peak_flops_pct is not None or r.peak_bytes_pct is not None else "")
+        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof}{peak}"
                      + (f"  {r.note}" if r.note else ""))
     return "\n".join(lines)
 
