@@ -16,7 +16,6 @@ Nothing here ran on a GPU: scripts/gpu_check.sh does that on a machine with one.
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 import os
 import shutil
@@ -33,6 +32,7 @@ from glm5_hal.backends.cuda import CudaBackend, arch
 from glm5_hal.backends.cuda import runtime as cuda_runtime
 from glm5_hal.backends.cuda.kernels import cuda_kernels
 from emulators.cuda import CudaEmulator, CudaOpError
+from no_sync import DEVICE_TYPE, device_runtime, to_device, to_host, watch
 
 from conftest import REPO, seeded
 
@@ -220,63 +220,43 @@ def test_absent_libraries_narrow_nothing_and_their_adapters_say_not_installed():
         "nvcc on PATH or CUDA_HOME set (GLM5_HAL_WITH_CUDA))")
 
 
-# -- no device reads in the adapters ------------------------------------------------------------------
-class DeviceReadError(AssertionError):
-    pass
+# -- on an emulated device: no host reads (tests/no_sync.py) ------------------------------------------
+def register_on_device(hal_state, gpu: str = "H200", kernels=None, **runtime_kwargs) -> CudaBackend:
+    """The emulated backend on the no-sync harness's device: the emulator (and a simulated
+    kernel library's C code) is device code; the adapters and launchers must read nothing."""
+    library = kernels or cuda_kernels(REPO / "build" / "no-such-dir" / "libglm5_hal_cuda_kernels.so")
+    backend = CudaBackend(runtime=device_runtime(CudaEmulator(gpu, **runtime_kwargs)), name=EMU,
+                          device_type=DEVICE_TYPE, priority=1000, kernel_library=library)
+    hal_state(as_plugin(backend), EMU)
+    assert backend.availability().available, backend.availability().reason
+    return backend
 
 
-class NoDeviceReads(torch.overrides.TorchFunctionMode):
-    """Fails on the Tensor methods that copy device data to the host (on a GPU: a sync),
-    outside the emulated libraries (whose device work runs on the host here; the emulator
-    counts the syncs the real library makes in `host_syncs`)."""
-
-    READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__"}
-
-    @staticmethod
-    def _in_emulator() -> bool:
-        frame = sys._getframe(2)
-        while frame is not None:
-            if f"{os.sep}emulators{os.sep}" in frame.f_code.co_filename:
-                return True
-            frame = frame.f_back
-        return False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.READS and not self._in_emulator():
-            raise DeviceReadError(f"{name} reads device data")
-        if name == "to" and not self._in_emulator() and any(
-                isinstance(a, (str, torch.device)) and str(a).startswith("cpu")
-                for a in (*args[1:], *(kwargs or {}).values())):
-            raise DeviceReadError("to('cpu') reads device data")
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def no_device_reads(backend):
-    syncs = backend.runtime.host_syncs
-    with NoDeviceReads():
-        yield
-    assert backend.runtime.host_syncs == syncs, "a library call synchronised (emulated)"
-
-
-def test_the_device_read_detector_detects():
-    with pytest.raises(DeviceReadError), NoDeviceReads():
-        bool(torch.ones(1) > 0)
-    with pytest.raises(DeviceReadError), NoDeviceReads():
-        int(torch.ones(1, dtype=I32).sum())
+def on_device(backend: CudaBackend, op: str, *args, reads: int = 0):
+    """hal.ops.<op> on device tensors: asserts the backend's own implementation ran, that no
+    host read happened outside device code (`reads` expected ones) and that the emulated
+    libraries made no sync of their own; returns the host result."""
+    device_args = to_device(args)
+    syncs_before, fallbacks = backend.runtime.host_syncs, hal.fallback_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hal.FallbackWarning)  # the backend itself must serve the call
+        with watch() as syncs:
+            out = getattr(hal.ops, op)(*device_args)
+    assert hal.fallback_stats() == fallbacks
+    assert len(syncs) == reads, syncs.report()
+    assert backend.runtime.host_syncs == syncs_before, "an emulated library call synchronised"
+    return to_host(out)
 
 
 # -- torch's CUDA ops ---------------------------------------------------------------------------------
-def test_rms_norm_runs_the_fused_kernel_and_declines_a_weight_it_would_round(h200):
+def test_rms_norm_runs_the_fused_kernel_and_declines_a_weight_it_would_round(hal_state):
+    backend = register_on_device(hal_state, "H200")
     g = seeded(3)
     x, w = randn(5, 7, 96, g=g, dtype=BF16), randn(96, g=g, dtype=BF16)
-    assert chosen("rms_norm", x, w, 1e-6) == f"{EMU}.rms_norm"
-    with no_device_reads(h200):
-        got = hal.ops.rms_norm(x, w, 1e-6)
+    got = on_device(backend, "rms_norm", x, w, 1e-6)
     torch.testing.assert_close(got, hal.reference.rms_norm(x, w, 1e-6))
-    assert h200.runtime.calls["rms_norm"] == 1
-    assert rejection("rms_norm", x, w.float(), 1e-6) == (
+    assert backend.runtime.calls["rms_norm"] == 1
+    assert rejection("rms_norm", *to_device((x, w.float(), 1e-6))) == (
         "torch.rms_norm's fused CUDA kernel takes the weight in x's dtype; casting the float32 weight to bfloat16 "
         "would round it")
 
@@ -285,12 +265,10 @@ def test_grouped_gemm_takes_the_cutlass_path_only(hal_state, monkeypatch):
     g = seeded(4)
     counts = torch.tensor([3, 0, 5, 1], dtype=I32)
     x, w = randn(9, 40, g=g, dtype=BF16), randn(4, 24, 40, g=g, dtype=BF16)
-    backend = register(hal_state, monkeypatch, "H200")
-    assert chosen("grouped_gemm", x, w, counts) == f"{EMU}.grouped_gemm"
-    with no_device_reads(backend):
-        got = hal.ops.grouped_gemm(x, w, counts)
+    backend = register_on_device(hal_state, "H200")
+    got = on_device(backend, "grouped_gemm", x, w, counts)
     torch.testing.assert_close(got, hal.reference.grouped_gemm(x, w, counts), rtol=1.6e-2, atol=1e-2)
-    assert rejection("grouped_gemm", x.half(), w.half(), counts) == (
+    assert backend.impls["grouped_gemm"].supports(x.half(), w.half(), counts) == (
         "torch._grouped_mm runs float16 as one mm per group after copying the offsets to the host (a device sync "
         "per call); its CUTLASS path takes bf16")
     hal.unload_plugin(EMU)
@@ -320,11 +298,9 @@ def _close_to_reference(out, lse, ref_out, ref_lse):
 def test_sparse_mla_attention_through_flash_mla_sparse_fwd(hal_state, monkeypatch, gpu, interface, heads):
     """Heads padded to 64 / 128 or run in chunks, top-k padded to 128 with -1, the lse base of
     the interface converted, rows without a valid index out 0 and lse -inf."""
-    backend = register(hal_state, monkeypatch, gpu, flash_mla=interface)
+    backend = register_on_device(hal_state, gpu, flash_mla=interface)
     q, kv, idx = _sparse_case(seeded(5), 3, heads, 200)
-    assert chosen("sparse_mla_attention", q, kv, idx, GLM5_SCALE, 512) == f"{EMU}.sparse_mla_attention"
-    with no_device_reads(backend):
-        out, lse = hal.ops.sparse_mla_attention(q, kv, idx, GLM5_SCALE, 512)
+    out, lse = on_device(backend, "sparse_mla_attention", q, kv, idx, GLM5_SCALE, 512)
     _close_to_reference(out, lse, *hal.reference.sparse_mla_attention(q, kv, idx, GLM5_SCALE, 512))
     assert bool((lse[-1] == -math.inf).all()) and bool((out[-1] == 0).all())
     chunks = 1 if heads <= 128 else 2
@@ -332,7 +308,7 @@ def test_sparse_mla_attention_through_flash_mla_sparse_fwd(hal_state, monkeypatc
 
 
 def test_sparse_mla_decode_paged_through_flash_mla_over_the_flattened_cache(hal_state, monkeypatch):
-    backend = register(hal_state, monkeypatch, "H200", flash_mla=1)
+    backend = register_on_device(hal_state, "H200", flash_mla=1)
     g = seeded(6)
     cache = randn(7, 16, 576, g=g, dtype=BF16)
     table = torch.tensor([[6, 2, 0, 4], [1, 5, -1, -1]], dtype=I32)
@@ -341,9 +317,7 @@ def test_sparse_mla_decode_paged_through_flash_mla_over_the_flattened_cache(hal_
     idx = torch.randint(-1, 60, (2, 2, 130), generator=g, dtype=I32)   # past the context: invalid
     idx[1, 1] = torch.arange(20, 150, dtype=I32)                       # nothing valid for this query
     args = (q, cache, table, lens, idx, GLM5_SCALE, 512)
-    assert chosen("sparse_mla_decode_paged", *args) == f"{EMU}.sparse_mla_decode_paged"
-    with no_device_reads(backend):
-        out, lse = hal.ops.sparse_mla_decode_paged(*args)
+    out, lse = on_device(backend, "sparse_mla_decode_paged", *args)
     _close_to_reference(out, lse, *hal.reference.sparse_mla_decode_paged(*args))
     assert bool((lse[1, 1] == -math.inf).all())
 
@@ -541,3 +515,46 @@ def test_conformance_of_the_emulated_cuda_backend_on_the_simulated_kernels(simul
         again = run_all(plan([EMU], sorted({r.op for r in flash_rounding}), ["tiny"]))
         redone = {r.case: r for r in again}
         assert all(redone[r.case].status == "pass" for r in flash_rounding)
+
+
+@pytest.mark.slow
+def test_the_kernel_adapters_read_nothing_back_on_the_device(simulated, hal_state):
+    """Every kernel-backed op on the no-sync harness's device, the simulated kernels as device
+    code (their C entry points, called through ctypes): no host read in the adapters and the
+    Python launchers, except moe_permute's one (its output size
+    is the number of kept rows: the contract's shape is the data)."""
+    backend = register_on_device(hal_state, "A100", kernels=simulated)  # the launchers are host code: watched
+    g = seeded(30)
+    q, kv = randn(3, 5, 96, g=g), randn(40, 96, g=g)
+    idx = torch.randint(-2, 45, (3, 70), generator=g, dtype=I32)
+    cache, table = randn(6, 16, 96, g=g), torch.tensor([[5, 0, 3], [2, -1, -1]], dtype=I32)
+    lens = torch.tensor([40, 9], dtype=I32)
+    dq, didx = randn(2, 2, 5, 96, g=g), torch.randint(-1, 42, (2, 2, 70), generator=g, dtype=I32)
+    # positive queries and keys: no relu(...) = 0 ties at the k-th logit, so the sets are unique
+    iq, ik, iw = randn(4, 2, 32, g=g).abs(), randn(50, 32, g=g).abs(), torch.rand(4, 2, generator=g)
+    starts, ends = torch.tensor([0, 3, 10, 49], dtype=I32), torch.tensor([50, 3, 40, 50], dtype=I32)
+    pq, pk, pw = randn(2, 2, 2, 32, g=g).abs(), randn(6, 16, 32, g=g).abs(), torch.rand(2, 2, 2, generator=g)
+    x, ids = randn(6, 24, g=g, dtype=BF16), torch.randint(-1, 5, (6, 3), generator=g, dtype=I32)
+    calls = {
+        "sparse_mla_attention": (q, kv, idx, 0.1, 64),
+        "sparse_mla_decode_paged": (dq, cache, table, lens, didx, 0.1, 64),
+        "dense_mla_decode_paged": (dq, cache, table, lens, 0.1, 64),
+        "indexer_topk": (iq, ik, iw, starts, ends, 7),
+        "indexer_topk_paged": (pq, pk, pw, table, lens, 7),
+        "silu_and_mul": (x,),
+        "moe_unpermute": (randn(9, 24, g=g, dtype=BF16), torch.tensor([0, 4, 7, 2, 9, 11, 13, 16, 17], dtype=I32),
+                          torch.rand(6, 3, generator=g)),
+    }
+    for op, args in calls.items():
+        got, want = on_device(backend, op, *args), getattr(hal.reference, op)(*args)
+        if op.startswith("indexer"):
+            assert torch.equal(got.sort(-1).values, want.sort(-1).values), op
+        else:
+            torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-4, msg=op)
+    got = on_device(backend, "moe_permute", x, ids, 5, reads=1)
+    assert all(torch.equal(a, b) for a, b in zip(got, hal.reference.moe_permute(x, ids, 5)))
+    written, expected = torch.zeros(6, 16, 96), torch.zeros(6, 16, 96)
+    slots = torch.tensor([70, -1, 3], dtype=torch.int64)
+    on_device(backend, "kv_cache_write", written, kv[:3], slots)
+    hal.reference.kv_cache_write(expected, kv[:3], slots)
+    assert torch.equal(written, expected)
