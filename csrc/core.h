@@ -19,7 +19,7 @@
 namespace glm5 {
 
 // Element types crossing the Python boundary. Values are part of the binding ABI.
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, F8E4M3 = 3, I32 = 4, I64 = 5 };
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, F8E4M3 = 3, I32 = 4, I64 = 5, I8 = 6 };
 
 // Raised for invalid inputs (out-of-range index, bad size). The bindings turn it into
 // glm5_hal.InvalidInputError(op, arg, expected, actual). Thrown before any write.
@@ -135,7 +135,7 @@ inline int64_t dtype_bytes(DType d) {
   switch (d) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::F8E4M3: return 1;
+    case DType::F8E4M3: case DType::I8: return 1;
     case DType::I64: return 8;
   }
   return 0;

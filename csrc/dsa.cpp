@@ -97,7 +97,7 @@ size_t elem_size(DType d) {
   switch (d) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::F8E4M3: return 1;
+    case DType::F8E4M3: case DType::I8: return 1;
     case DType::I64: return 8;
   }
   return 1;
@@ -113,6 +113,7 @@ const char* dtype_name(DType d) {
     case DType::F8E4M3: return "float8_e4m3fn";
     case DType::I32: return "int32";
     case DType::I64: return "int64";
+    case DType::I8: return "int8";
   }
   return "unknown";
 }

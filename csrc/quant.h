@@ -30,4 +30,11 @@ void int4_quantize(void* fake, int32_t* packed, float* scale, const void* w, int
 void int4_unpack(float* out, const int32_t* packed, const float* scale, int64_t rows, int64_t words,
                  int64_t packed_row_stride, int64_t group, int num_threads);
 
+// Dynamic symmetric per-row INT8 (OPS.md section 3.1) of x[rows, cols] (row stride x_row_stride
+// elements): scale[r] = max |x[r, :]| / 127 and q[r, :] = clamp(round_half_even(x / scale),
+// -127, 127) in float32; a row whose scale is 0 gets codes 0, a nan element code 0 (its row's
+// scale is nan). q [rows, cols] and scale [rows] contiguous; cols >= 1.
+void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
+                DType dtype, int num_threads);
+
 }  // namespace glm5

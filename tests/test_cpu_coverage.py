@@ -14,7 +14,9 @@ from glm5_hal.registry import FallbackWarning
 
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 # The dtype the dispatch argument takes, where it is not the activation floats.
-DISPATCH_DTYPES = {"int4_unpack": frozenset({torch.int32})}
+DISPATCH_DTYPES = {"int4_unpack": frozenset({torch.int32}),
+                   "fp8_block_gemm": frozenset({torch.float8_e4m3fn}), "fp8_grouped_gemm": frozenset({torch.float8_e4m3fn}),
+                   "int8_gemm": frozenset({torch.int8}), "int8_grouped_gemm": frozenset({torch.int8})}
 # The DSA kernels live in backends/cpu/dsa.py, written on a branch of their own; until it is
 # merged those ops are the only ones allowed to be missing.
 DSA_OPS = {"indexer_logits", "indexer_topk", "indexer_topk_paged", "sparse_mla_attention",
