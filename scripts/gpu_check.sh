@@ -176,10 +176,11 @@ fi
 # the DSA, MoE and GEMM ops at the glm5 preset, one step (and JSON) each
 for op in $("$PYTHON" - <<'EOF'
 import glm5_hal.ops  # noqa: F401  (defines every op)
-from glm5_hal.opdef import OPS
+from glm5_hal.bench.cases import cases
 wanted = ["indexer_topk", "sparse_mla_attention", "dense_mla_decode_paged", "moe_route", "moe_permute",
           "moe_unpermute", "grouped_gemm", "fp8_block_gemm", "fp8_grouped_gemm", "w4a16_gemm"]
-print(" ".join(op for op in wanted if op in OPS))
+have = {case.op for case in cases("glm5")}   # the ops with a bench case
+print(" ".join(op for op in wanted if op in have))
 EOF
 ); do
   run "bench_$op" 60 "${BENCH[@]}" --preset glm5 --op "$op" --json "$OUT/bench_$op.json"

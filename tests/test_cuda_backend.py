@@ -376,6 +376,94 @@ def test_the_emulated_flash_mla_keeps_its_documented_constraints():
                                            torch.zeros(1, 1, 100, dtype=I32), 0.1)
 
 
+# -- DeepGEMM and torch._scaled_mm: the FP8 GEMMs -------------------------------------------------------
+FP8 = torch.float8_e4m3fn
+
+
+def fp8_activations(g, m, k):
+    return hal.reference.fp8_block_quant(torch.randn(m, k, generator=g), 128)
+
+
+def fp8_weights(g, *lead_n, k):
+    """(w fp8 [..., N, K], w_scale [..., ceil(N/128), K/128]): one scale per 128 x 128 block, which
+    multiplies (amax / 448, as DeepGEMM's per_block_cast_to_fp8 and the checkpoints)."""
+    *lead, n = lead_n
+    w = torch.randn(*lead, n, k, generator=g)
+    nb = -(-n // 128)
+    padded = torch.zeros(*lead, nb * 128, k)
+    padded[..., :n, :] = w
+    scale = padded.view(*lead, nb, 128, k // 128, 128).abs().amax(dim=(-3, -1)).clamp(min=1e-4) / 448
+    full = scale.repeat_interleave(128, dim=-2)[..., :n, :].repeat_interleave(128, dim=-1)
+    return (w / full).to(FP8), scale
+
+
+def _gemm_close(got, want):
+    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("deep_gemm, n, via", [("2.1.1", 200, "fp8_gemm_nt"), ("2.6.1", 136, "fp8_gemm_nt"),
+                                               (None, 208, "_scaled_mm")])
+def test_fp8_block_gemm_through_deep_gemm_or_scaled_mm(hal_state, deep_gemm, n, via):
+    backend = register_on_device(hal_state, "H200", deep_gemm=deep_gemm)
+    g = seeded(11)
+    (a, a_scale), (w, w_scale) = fp8_activations(g, 37, 256), fp8_weights(g, n, k=256)
+    got = on_device(backend, "fp8_block_gemm", a, a_scale, w, w_scale, BF16)
+    _gemm_close(got, hal.reference.fp8_block_gemm(a, a_scale, w, w_scale, BF16))
+    assert backend.runtime.calls[via] == 1
+
+
+def test_fp8_block_gemm_calls_outside_both_are_declined_with_reasons(hal_state):
+    backend = register_on_device(hal_state, "H200")
+    g = seeded(12)
+    (a, a_scale), (w, w_scale) = fp8_activations(g, 8, 256), fp8_weights(g, 20, k=256)
+    assert backend.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16) == (
+        "DeepGEMM: DeepGEMM's TMA writes 16-byte output rows: N % 8 == 0, got N = 20; torch._scaled_mm (cuBLASLt) "
+        "needs K and N multiples of 16, got K = 256, N = 20")
+    (w, w_scale) = fp8_weights(g, 32, k=256)
+    assert backend.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, F32) == (
+        "DeepGEMM: DeepGEMM's sm_90 fp8_gemm_nt for 128 x 128 weight scales writes bf16 only, not float32 "
+        "(sm90_fp8_gemm_1d2d); torch._scaled_mm with block scales: only a bf16 output is verified, not float32")
+    b200 = emulated("B200")
+    b200.availability()
+    assert b200.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16).startswith(
+        "DeepGEMM: DeepGEMM on sm_100 turns float32 scales into UE8M0 powers of two")
+    assert b200.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16).endswith(
+        "torch._scaled_mm's 1x128 x 128x128 scaling runs on sm_90 only; this is sm_100")
+
+
+@pytest.mark.parametrize("version, reason", [
+    ("2.7.0", "deep_gemm_contiguous_layout unverified here: deep_gemm 2.7.0 is newer than 2.6.1"),
+    ("2.0.0", "deep_gemm_contiguous_layout unverified here: deep_gemm 2.0.0 is older than 2.1.0"),
+])
+def test_a_deep_gemm_outside_the_verified_versions_is_declined(version, reason):
+    backend = emulated("H200", deep_gemm=version)
+    assert "narrowed" in backend.availability().reason
+    g = seeded(13)
+    (a, a_scale), (w, w_scale) = fp8_activations(g, 8, 128), fp8_weights(g, 2, 32, k=128)
+    counts = torch.tensor([8, 0], dtype=I32)
+    assert backend.impls["fp8_grouped_gemm"].supports(a, a_scale, w, w_scale, counts, BF16).startswith(reason)
+
+
+@pytest.mark.parametrize("version", ["2.1.1", "2.3.0", "2.6.1"])
+def test_fp8_grouped_gemm_pads_each_expert_to_deep_gemms_alignment_on_the_device(hal_state, version):
+    backend = register_on_device(hal_state, "H200", deep_gemm=version)
+    g = seeded(14)
+    counts = torch.tensor([3, 0, 130, 1, 0, 7], dtype=I32)   # zero-row experts, one longer than a block
+    (a, a_scale), (w, w_scale) = fp8_activations(g, int(counts.sum()), 256), fp8_weights(g, 6, 40, k=256)
+    got = on_device(backend, "fp8_grouped_gemm", a, a_scale, w, w_scale, counts, BF16)
+    _gemm_close(got, hal.reference.fp8_grouped_gemm(a, a_scale, w, w_scale, counts, BF16))
+    assert backend.runtime.calls["m_grouped_fp8_gemm_nt_contiguous"] == 1
+
+
+def test_the_fp8_gemms_take_nothing_to_multiply(hal_state):
+    backend = register_on_device(hal_state, "H200")
+    g = seeded(15)
+    (w, w_scale) = fp8_weights(g, 3, 16, k=128)
+    a, a_scale = torch.zeros(0, 128).to(FP8), torch.zeros(0, 1)
+    got = on_device(backend, "fp8_grouped_gemm", a, a_scale, w, w_scale, torch.zeros(3, dtype=I32), BF16)
+    assert got.shape == (0, 16) and backend.runtime.calls["m_grouped_fp8_gemm_nt_contiguous"] == 0
+
+
 # -- the CUDA-dialect kernels, through the emulated backend (absent library) ---------------------------
 def test_without_the_kernel_library_the_kernel_ops_decline_naming_it(h200):
     g = seeded(9)

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
     from . import CudaBackend
 
 _F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+_FP8, _U8 = torch.float8_e4m3fn, torch.uint8
 FLOATS = (_F32, _F16, _BF16)
+#: the FP8 GEMMs' scale block (OPS.md 3.1): 1 x 128 for activations, 128 x 128 for weights
+BLOCK = 128
 #: the logits grid of the indexer kernel has one block row per 128 keys (gridDim.y <= 65535)
 INDEXER_MAX_KEYS = 65535 * 128
 #: dense decode through the sparse kernel materialises [B, N, max_blocks * block_size] positions
@@ -50,6 +53,11 @@ OP_LIMITS = {
                             f"(interface 2); heads padded to 64 or 128 (or run in chunks), top-k to a multiple of "
                             f"{arch.FLASH_MLA_TOPK_MULTIPLE} with -1",
     "flash_mla_with_kvcache": arch.FLASH_MLA_DECODE_KERNEL_DECLINED.format(dtype="bf16 / fp16 / fp32"),
+    "deep_gemm fp8_gemm_nt / m_grouped_fp8_gemm_nt_contiguous": "fp8_block_gemm / fp8_grouped_gemm on sm_90, "
+                                                                "bf16 output, N % 8 == 0 (16-byte TMA rows); "
+                                                                "grouped rows re-laid per expert on 128-row "
+                                                                "boundaries on the device",
+    "torch._scaled_mm": "fp8_block_gemm on sm_90 (1x128 x 128x128 scales), bf16 output, N % 16 == 0",
     "kernels: dense_mla_decode_paged": "the sparse decode kernel over every position of the block table "
                                        f"(at most {DENSE_MAX_POSITIONS} positions per call)",
     **gpu.KERNEL_LIMITS,
@@ -276,6 +284,122 @@ def indexer_topk_paged(backend: "CudaBackend", q: Tensor, k_cache: Any, weights:
                                               backend.stream(q.device), span=block_table.shape[1] * keys.shape[1])
 
 
+# -- FP8 GEMMs on the checkpoints' block scales: DeepGEMM, else torch._scaled_mm -----------------
+def _deep_gemm_declined(backend: "CudaBackend", n: int, out_dtype: torch.dtype, op: str) -> str | None:
+    runtime = backend.runtime
+    if runtime.deep_gemm is None:
+        return runtime.deep_gemm_missing
+    reason = backend.unverified(arch.DEEP_GEMM_CONTIGUOUS_LAYOUT.name)
+    if reason:
+        return reason
+    major = backend.capability[0]
+    if major == 10:
+        return arch.DEEP_GEMM_SM100_DECLINED
+    if major != 9:
+        return f"DeepGEMM runs on sm_90 and sm_100; this is {_sm(backend)}"
+    if out_dtype != _BF16:
+        return (f"DeepGEMM's sm_90 {op} for 128 x 128 weight scales writes bf16 only, not "
+                f"{dtype_name(out_dtype)} (sm90_fp8_gemm_1d2d)")
+    if n % 8:
+        return f"DeepGEMM's TMA writes 16-byte output rows: N % 8 == 0, got N = {n}"
+    return None
+
+
+def _scaled_mm_declined(backend: "CudaBackend", k: int, n: int, out_dtype: torch.dtype) -> str | None:
+    behaviour = arch.TORCH_SCALED_MM_BLOCKWISE.name
+    reason = backend.unverified(behaviour)
+    if reason:
+        return reason
+    if backend.capability[0] not in backend.behaviour(behaviour):
+        return f"torch._scaled_mm's 1x128 x 128x128 scaling runs on sm_90 only; this is {_sm(backend)}"
+    if out_dtype != _BF16:
+        return f"torch._scaled_mm with block scales: only a bf16 output is verified, not {dtype_name(out_dtype)}"
+    if n % 16 or k % 16:
+        return f"torch._scaled_mm (cuBLASLt) needs K and N multiples of 16, got K = {k}, N = {n}"
+    return None
+
+
+def _empty_product(a: Tensor, n: int, out_dtype: torch.dtype) -> Tensor | None:
+    """The result when there is nothing to multiply (M, N or K zero: DeepGEMM 2.1 asserts
+    n > 0 and k > 0), else None."""
+    if a.shape[0] == 0 or n == 0 or a.shape[1] == 0:
+        return torch.zeros((a.shape[0], n), dtype=out_dtype, device=a.device)
+    return None
+
+
+def _fp8_block_gemm_route(backend: "CudaBackend", a: Tensor, w: Tensor, out_dtype: torch.dtype
+                          ) -> tuple[str | None, str]:
+    n, k = w.shape[0], a.shape[1]
+    deep = _deep_gemm_declined(backend, n, out_dtype, "fp8_gemm_nt")
+    if deep is None:
+        return "deep_gemm", ""
+    scaled = _scaled_mm_declined(backend, k, n, out_dtype)
+    if scaled is None:
+        return "scaled_mm", ""
+    return None, f"DeepGEMM: {deep}; {scaled}"
+
+
+def fp8_block_gemm_supported(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                             out_dtype: torch.dtype) -> Verdict:
+    path, reason = _fp8_block_gemm_route(backend, a, w, out_dtype)
+    return True if path else reason
+
+
+def fp8_block_gemm(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                   out_dtype: torch.dtype) -> Tensor:
+    empty = _empty_product(a, w.shape[0], out_dtype)
+    if empty is not None:
+        return empty
+    path, _ = _fp8_block_gemm_route(backend, a, w, out_dtype)
+    a, w, a_scale, w_scale = a.contiguous(), w.contiguous(), a_scale.contiguous(), w_scale.contiguous()
+    if path == "deep_gemm":
+        out = torch.empty((a.shape[0], w.shape[0]), dtype=_BF16, device=a.device)
+        backend.runtime.deep_gemm.fp8_gemm_nt((a, a_scale), (w, w_scale), out)
+        return out
+    # cuBLASLt's DeepSeek recipe: A row-major with 1x128 scales outer-dim-major [M, K/128],
+    # B = w^T column-major with 128x128 scales given as the transpose of [N/128, K/128]
+    return backend.runtime.torch._scaled_mm(a, w.t(), a_scale.t().contiguous().t(), w_scale.t(),
+                                           out_dtype=out_dtype, use_fast_accum=False)
+
+
+def fp8_grouped_gemm_supported(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                               tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return _deep_gemm_declined(backend, w.shape[1], out_dtype, "m_grouped_fp8_gemm_nt_contiguous") or True
+
+
+def fp8_grouped_gemm(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                     tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """DeepGEMM's contiguous layout wants each expert's rows to start on a multiple of its
+    alignment (128), padding rows marked -1; the contract's rows are packed. The rows are
+    copied into a buffer sized for the worst case, M + E * (alignment - 1) rounded up, at
+    positions computed on the device, and gathered back after the GEMM."""
+    empty = _empty_product(a, w.shape[1], out_dtype)
+    if empty is not None:
+        return empty
+    deep_gemm = backend.runtime.deep_gemm
+    align = int(deep_gemm.get_mk_alignment_for_contiguous_layout())
+    rows, experts, device = a.shape[0], w.shape[0], a.device
+    capacity = -(-(rows + experts * (align - 1)) // align) * align
+    counts = tokens_per_expert.to(torch.int64)
+    ends = counts.cumsum(0)
+    padded = (counts + align - 1) // align * align
+    padded_starts = padded.cumsum(0) - padded
+    row = torch.arange(rows, device=device)
+    expert = torch.searchsorted(ends, row, right=True)                   # the expert of each row
+    target = padded_starts[expert] + row - (ends - counts)[expert]       # its row in the padded layout
+    a_pad = torch.zeros((capacity, a.shape[1]), dtype=_U8, device=device)
+    a_pad.index_copy_(0, target, a.contiguous().view(_U8))
+    scale_pad = torch.zeros((capacity, a_scale.shape[1]), dtype=_F32, device=device)
+    scale_pad.index_copy_(0, target, a_scale.contiguous())
+    layout = torch.full((capacity,), -1, dtype=_I32, device=device)
+    layout.index_copy_(0, target, expert.to(_I32))
+    out = torch.empty((capacity, w.shape[1]), dtype=_BF16, device=device)
+    # 4th argument: m_indices (2.1) / grouped_layout (2.3+), per-row ids either way (positional)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a_pad.view(_FP8), scale_pad), (w.contiguous(), w_scale.contiguous()),
+                                               out, layout)
+    return out.index_select(0, target)
+
+
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
@@ -286,5 +410,7 @@ ADAPTERS = (
             supports=dense_mla_decode_paged_supported),
     Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
     Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports=fp8_grouped_gemm_supported),
     gpu.SILU_AND_MUL, gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
 )
