@@ -28,7 +28,12 @@ class Vendor:
     unconfirmed: tuple[str, ...] = ()  # fields above not confirmed from a primary source
 
 
+#: Environment variables naming a CUDA toolkit (the cuda backend's nvcc; the CUDA reference path).
+CUDA_TOOLCHAIN_ENV = ("CUDA_HOME", "CUDA_PATH")
+
 VENDORS: dict[str, Vendor] = {v.backend: v for v in (
+    Vendor("cuda", "NVIDIA A100 (sm_80), H100/H200 (sm_90), B200 (sm_100)", None, "cuda", "nccl",
+           CUDA_TOOLCHAIN_ENV, "nvcc", "nvidia-smi", "CUDA_VISIBLE_DEVICES"),
     Vendor("ascend", "Huawei Ascend 910B (A2), 910C (A3), 950", "torch_npu", "npu", "hccl",
            ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"), "bisheng", "npu-smi",
            # npu-smi and bisheng: in CANN, which is not public in a form the sources above cite
@@ -104,9 +109,6 @@ SOURCES: dict[str, dict[str, str]] = {
                            "(export XPU_VISIBLE_DEVICES=...)",
     },
 }
-
-#: Environment variables naming a CUDA toolkit (the CUDA reference path).
-CUDA_TOOLCHAIN_ENV = ("CUDA_HOME", "CUDA_PATH")
 
 def installed(module: str) -> bool:
     """Whether `module` can be found, without importing it (importing a bridge can fail hard)."""
