@@ -117,7 +117,8 @@ def test_the_summary_reports_the_targets_conformance_and_steps(tmp_path):
     T = runner.Timing
     (out / "bench_target_sparse_mla_decode_paged.json").write_text(json.dumps(_bench_json(
         "sparse_mla_decode_paged", [T("reference", 4.0), T("compiled", 2.0),
-                                    T("cuda.sparse_mla_decode_paged", 0.25, 16.0, 40.0, "bytes", "", 7.1, 38.5)])))
+                                    T("cuda.sparse_mla_decode_paged", 0.25, 16.0, 40.0, "bytes", peak_flops_pct=7.1,
+                                      peak_bytes_pct=38.5)])))
     (out / "bench_own_kernels.json").write_text(json.dumps(_bench_json(
         "sparse_mla_decode_paged", [T("reference", 4.0), T("cuda.sparse_mla_decode_paged", 1.0, 4.0)])))
     (out / "bench_grouped_gemm.json").write_text(json.dumps(_bench_json(

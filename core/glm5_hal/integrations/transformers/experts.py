@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ... import ops as hal_ops
-from ...errors import InvalidInputError, UnsupportedOpError
+from ...errors import InvalidInputError
 
 # Op calls go through this name so that `record_ops` can observe them (glm5_hal.models.trace).
 ops = hal_ops
@@ -40,10 +40,6 @@ def fp8_experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_
     block scales of 128 x 128 and dynamic activation quantization (the GLM-5 / DeepSeek-V3
     FP8 checkpoint format, OPS.md 3.1)."""
     _check_layout(self)
-    if not hasattr(ops, "fp8_grouped_gemm"):
-        raise UnsupportedOpError("glm5_hal experts: FP8 experts need glm5_hal.ops.fp8_grouped_gemm (OPS.md 3.1), "
-                                 "which this glm5_hal does not define yet; load the checkpoint dequantized "
-                                 "(FineGrainedFP8Config(dequantize=True)) to run its experts on grouped_gemm")
     if (list(self.block_size or ()) != [FP8_BLOCK, FP8_BLOCK] or self.activation_scheme != "dynamic"
             or self.gate_up_proj.dtype != torch.float8_e4m3fn or self.gate_up_proj_scale_inv.dtype != torch.float32):
         raise InvalidInputError(_OP, "experts", "FP8 e4m3 experts with float32 128 x 128 block scales and "
