@@ -19,7 +19,7 @@
 namespace glm5 {
 
 // Element types crossing the Python boundary. Values are part of the binding ABI.
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, F8E4M3 = 3, I32 = 4, I64 = 5 };
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, F8E4M3 = 3, I32 = 4, I64 = 5, I8 = 6 };
 
 // Raised for invalid inputs (out-of-range index, bad size). The bindings turn it into
 // glm5_hal.InvalidInputError(op, arg, expected, actual). Thrown before any write.
@@ -129,6 +129,12 @@ inline void dispatch_float(DType d, const char* op, const char* arg, F&& f) {
     if (!(ok)) throw ::glm5::InvalidInput((op), (arg), (expected), (actual)); \
   } while (false)
 
+// The function form of GLM5_REQUIRE (its message is built on every call): csrc/qgemm.cpp, written
+// on the quant-gemm branch before the macro, still calls it; only checks run once per call use it.
+inline void require(bool ok, const char* op, const char* arg, const std::string& expected, const std::string& actual) {
+  if (!ok) throw InvalidInput(op, arg, expected, actual);
+}
+
 inline int clamp_threads(int n) { return n < 1 ? 1 : n; }
 
 inline bool is_float(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
@@ -142,6 +148,7 @@ inline std::string dtype_name(DType d) {
     case DType::F8E4M3: return "float8_e4m3fn";
     case DType::I32: return "int32";
     case DType::I64: return "int64";
+    case DType::I8: return "int8";
   }
   return "dtype code " + std::to_string(static_cast<int>(d));
 }
@@ -151,7 +158,7 @@ inline int64_t dtype_bytes(DType d) {
   switch (d) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::F8E4M3: return 1;
+    case DType::F8E4M3: case DType::I8: return 1;
     case DType::I64: return 8;
   }
   return 0;

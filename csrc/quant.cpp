@@ -1,6 +1,7 @@
 #include "quant.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "vec.h"
@@ -180,6 +181,33 @@ void int4_unpack(const View& out_view, const RowsIn& packed_view, const DenseIn&
     } else {
       for (int64_t c = 0; c < cols; ++c)
         o[c] = static_cast<float>(static_cast<int32_t>((pw[c >> 3] >> (4 * (c & 7))) & 0xfu) - 8) * sr[c / group];
+    }
+  }
+}
+
+void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
+                DType dtype, int num_threads) {
+  const char* op = "int8_quant";
+  require(rows >= 0, op, "x", "rows >= 0", str(rows));
+  require(cols >= 1, op, "x", "a last dim K >= 1 (a row to take the maximum of)", str(cols));
+  require(x_row_stride >= 0, op, "x", "a row stride >= 0", str(x_row_stride));
+  require_float(dtype, op, "x");
+  if (rows == 0) return;
+  const vec::Kernels& K = vec::kernels();
+  const int64_t es = dtype_bytes(dtype);
+  const char* xb = static_cast<const char*>(x);
+  advise_fresh_output(q, rows * cols);
+  const int nt = threads_for(rows * cols * 4, num_threads);
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> buf(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      K.load(dtype, xb + r * x_row_stride * es, cols, buf.data());
+      const float s = K.abs_max(buf.data(), cols) / 127.0f;
+      scale[r] = s;
+      if (s == 0.0f) std::memset(q + r * cols, 0, static_cast<size_t>(cols));
+      else K.int8_encode(buf.data(), s, cols, q + r * cols);
     }
   }
 }

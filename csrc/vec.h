@@ -48,6 +48,8 @@ struct Kernels {
   void (*rope)(float* x, const float* cos, const float* sin, int64_t half, bool interleaved);
   // q[i] = float8_e4m3fn(clamp(x[i] / scale, -448, 448)), round to nearest even; nan stays nan.
   void (*fp8_encode)(const float* x, float scale, int64_t n, uint8_t* q);
+  // q[i] = clamp(round_half_even(x[i] / scale), -127, 127); nan gives 0.
+  void (*int8_encode)(const float* x, float scale, int64_t n, int8_t* q);
 };
 
 const Kernels& portable_kernels();

@@ -21,7 +21,7 @@ namespace glm5::vec {
 const Kernels* avx2_kernels() {
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   static const Kernels k{kAvx2, load_row, store_row, accumulate_row, weighted_sum, sum_squares, abs_max,
-                         scale_mul, sigmoid, silu_mul, fwht, rope, fp8_encode};
+                         scale_mul, sigmoid, silu_mul, fwht, rope, fp8_encode, int8_encode};
   return supported ? &k : nullptr;
 }
 

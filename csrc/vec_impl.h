@@ -288,4 +288,15 @@ void fp8_encode(const float* x, float scale, int64_t n, uint8_t* q) {
   }
 }
 
+void int8_encode(const float* x, float scale, int64_t n, int8_t* q) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] / scale;
+    v = v < -127.0f ? -127.0f : v;  // comparisons are false for nan
+    v = v > 127.0f ? 127.0f : v;
+    v = (v + 12582912.0f) - 12582912.0f;  // round half to even: 1.5 * 2^23 has unit spacing
+    q[i] = static_cast<int8_t>(v == v ? static_cast<int32_t>(v) : 0);
+  }
+}
+
 }  // namespace

@@ -13,7 +13,7 @@ namespace glm5::vec {
 
 const Kernels& portable_kernels() {
   static const Kernels k{kPortable, load_row, store_row, accumulate_row, weighted_sum, sum_squares, abs_max,
-                         scale_mul,  sigmoid, silu_mul, fwht,      rope,           fp8_encode};
+                         scale_mul,  sigmoid, silu_mul, fwht,      rope,           fp8_encode, int8_encode};
   return k;
 }
 

@@ -19,13 +19,17 @@ TIER_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
 
 
 @contextlib.contextmanager
-def isa_limit(level: int):
-    previous = _C.vec_set_isa_limit(level)
+def isa_limit(level: int, set_limit=None, current=None):
+    """Caps a kernel family's tier (default: the row kernels') for the block; `current`, when
+    given, must then report `level`."""
+    set_limit = set_limit or _C.vec_set_isa_limit
+    current = current if set_limit is not _C.vec_set_isa_limit else _C.vec_isa
+    previous = set_limit(level)
     try:
-        assert _C.vec_isa() == level
+        assert current is None or current() == level
         yield
     finally:
-        _C.vec_set_isa_limit(previous)
+        set_limit(previous)
 
 
 @pytest.fixture(params=TIERS, ids=lambda t: TIER_NAMES[t])

@@ -2,6 +2,7 @@
 what it must, and rejects bad options. Benchmarks are not tests: no timing is asserted."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,11 +10,14 @@ import torch
 
 import glm5_hal as hal
 from glm5_hal import cli
-from glm5_hal.bench import cases as bench_cases, dispatch, dsa_vs_dense, runner
+from glm5_hal.bench import cases as bench_cases, dispatch, dsa_vs_dense, roofline, runner
 from glm5_hal.bench.roofline import Roofline
 from glm5_hal.opdef import OPS
 
-ROOF = Roofline(copy_gbps=10.0, gemm_gflops=100.0, threads=1)  # made up: only the arithmetic is tested
+# made up: only the arithmetic is tested
+ROOF = Roofline(threads=1, fp32_fma_gflops=100.0, bf16_dot_gflops=50.0, int8_dot_gops=400.0, amx_bf16_gflops=1000.0,
+                amx_int8_gops=2000.0, triad_gbps=10.0, torch_fp32_gemm_gflops=80.0, torch_bf16_gemm_gflops=500.0,
+                torch_copy_gbps=8.0)
 
 
 @pytest.mark.parametrize("preset", bench_cases.PRESETS)
@@ -21,6 +25,18 @@ def test_every_op_has_a_case_in_every_preset(preset):
     hal.ops.rms_norm  # noqa: B018  (defines every op)
     covered = {c.op for c in bench_cases.cases(preset)}
     assert covered == set(OPS)
+
+
+def test_quant_gemm_cases_at_prefill_and_decode():
+    glm5 = bench_cases.cases("glm5")
+    for op, compute in (("fp8_block_gemm", "bf16"), ("fp8_grouped_gemm", "bf16"), ("int8_gemm", "int8"),
+                        ("int8_grouped_gemm", "int8")):
+        prefill, decode = [c for c in glm5 if c.op == op]
+        assert prefill.label.startswith("prefill") and decode.label.startswith("decode")
+        assert prefill.compute == decode.compute == compute
+        assert decode.rotate >= 1 and prefill.rotate == 1
+    fp8 = next(c for c in glm5 if c.op == "fp8_block_gemm")
+    assert fp8.flops == 2 * 4096 * 2048 * 6144 and fp8.baselines
 
 
 def test_issue_target_shapes():
@@ -60,6 +76,45 @@ def test_roofline_percent_picks_the_binding_limit():
     assert bound == "bytes" and pct == pytest.approx(50.0)
     pct, bound = ROOF.percent(0.02, 1e9, 0)
     assert bound == "flops" and pct == pytest.approx(50.0)
+
+
+def test_roofline_holds_each_kind_of_product_to_the_fastest_instructions_for_it():
+    assert ROOF.compute_limit("fp32") == (100.0, "fp32 FMA")
+    assert ROOF.compute_limit("bf16") == (1000.0, "AMX bf16")
+    assert ROOF.compute_limit("int8") == (2000.0, "AMX int8")
+    no_amx = dataclasses.replace(ROOF, amx_bf16_gflops=0.0, amx_int8_gops=0.0)
+    assert no_amx.compute_limit("bf16") == (100.0, "fp32 FMA")   # here vdpbf16ps is the slower one
+    assert no_amx.compute_limit("int8") == (400.0, "VNNI int8")
+    # 1 GFLOP of bf16 products at 1000 GFLOP/s = 1 ms; torch's bf16 GEMM would take 2 ms
+    assert ROOF.percent(0.002, 1e9, 0, "bf16") == (pytest.approx(50.0), "flops")
+    assert ROOF.torch_percent(0.002, 1e9, 0, "bf16") == pytest.approx(100.0)
+    with pytest.raises(ValueError):
+        ROOF.compute_limit("fp8")
+
+
+def test_the_measured_limits_are_positive_where_the_cpu_has_them():
+    roof = roofline.measure(seconds=0.02, gemm_n=128, copy_mib=4, repeats=1, triad_mib=4)
+    assert roof.threads == torch.get_num_threads()
+    assert roof.fp32_fma_gflops > 0 and roof.triad_gbps > 0 and roof.torch_bf16_gemm_gflops > 0
+    assert all(v >= 0 for v in (roof.bf16_dot_gflops, roof.int8_dot_gops, roof.amx_bf16_gflops, roof.amx_int8_gops))
+    assert "triad" in roof.describe() and "torch peers" in roof.describe()
+
+
+def test_baselines_and_rotated_inputs_are_timed_on_the_same_arguments():
+    made = []
+
+    def make():
+        made.append(torch.randn(4, 8))
+        return made[-1], 1e-5
+
+    seen = []
+    case = runner.BenchCase("x", make, nbytes=64, rotate=3, baselines=(("echo", lambda x, eps: seen.append(x)),),
+                            op="rms_norm")
+    case = dataclasses.replace(case, make=lambda: (make()[0], torch.ones(8), 1e-5),
+                               baselines=(("echo", lambda x, w, eps: seen.append(x)),))
+    rows = runner.run_case(case, ROOF, [], compile_reference=False, repeats=1, min_time=0.001)
+    assert [r.who for r in rows] == ["reference", "echo"] and rows[1].torch_pct is not None
+    assert len(made) == 3 and {id(x) for x in seen} == {id(x) for x in made}   # every set, in turn
 
 
 def test_dispatch_section_rows():
@@ -102,7 +157,7 @@ def test_cli_bench_tiny_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert {r["op"] for r in data["dispatch"]} == {"rms_norm", "moe_unpermute"}
     assert [c["op"] for c in data["ops"]] == ["rms_norm", "moe_unpermute"]
-    assert data["roofline"]["copy_gbps"] > 0
+    assert data["roofline"]["triad_gbps"] > 0 and data["roofline"]["torch_copy_gbps"] > 0
 
 
 def test_cli_bench_rejects_unknown_op_and_backend(capsys):

@@ -17,7 +17,9 @@ from glm5_hal.registry import FallbackWarning
 
 FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 # The dtype the dispatch argument takes, where it is not the activation floats.
-DISPATCH_DTYPES = {"int4_unpack": frozenset({torch.int32})}
+DISPATCH_DTYPES = {"int4_unpack": frozenset({torch.int32}),
+                   "fp8_block_gemm": frozenset({torch.float8_e4m3fn}), "fp8_grouped_gemm": frozenset({torch.float8_e4m3fn}),
+                   "int8_gemm": frozenset({torch.int8}), "int8_grouped_gemm": frozenset({torch.int8})}
 
 
 def test_cpu_backend_implements_every_op_for_every_dtype():

@@ -25,7 +25,7 @@ class CpuBackend(Backend):
                                   f"OpenMP {'on' if _C.has_openmp else 'off'})")
 
     def capabilities(self) -> Capabilities:
-        # float8_e4m3fn: the KV ops store FP8 caches byte for byte (no FP8 arithmetic needed)
+        # float8_e4m3fn: the KV ops store FP8 caches byte for byte; the FP8 GEMMs convert exactly
         return Capabilities(dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn}),
                             dist_backend="gloo", device_name=platform.processor() or platform.machine())
 
@@ -35,7 +35,7 @@ class CpuBackend(Backend):
 
 cpu = CpuBackend()
 
-from . import common, dsa, kv, moe, quant  # noqa: E402,F401  (declare the kernels on `cpu`)
+from . import common, dsa, kv, moe, quant, quant_gemm  # noqa: E402,F401  (declare the kernels on `cpu`)
 
 
 @hookimpl

@@ -1,10 +1,11 @@
 """The MoE ops on the cpu backend (OPS.md section 5). moe_route, moe_permute and moe_unpermute are
-native kernels (csrc/moe.cpp); grouped_gemm calls torch's GEMM (see it for why)."""
+native kernels (csrc/moe.cpp); grouped_gemm is native for bfloat16 (csrc/qgemm.cpp) and calls
+torch's GEMM for float16 and float32 (see it for why)."""
 from __future__ import annotations
 
 import torch
 
-from . import cpu
+from . import cpu, quant_gemm
 from .native import _C, FLOATS, threads
 
 _I32 = torch.int32
@@ -30,9 +31,11 @@ def moe_unpermute(y, src, weights):
 
 @cpu.impl("grouped_gemm", dtypes=FLOATS)
 def grouped_gemm(x, w, tokens_per_expert):
-    # torch (oneDNN/BLAS) GEMMs are the best CPU GEMMs at hand; bf16/fp16 accumulate in fp32
-    # inside them. What is saved against the reference: no fp32 copies of x and w, and each
-    # expert's product lands in its slice of one output (no torch.cat).
+    if x.dtype == torch.bfloat16:  # the MoE layer's dtype: native tiles (AMX / AVX-512 BF16 / AVX2)
+        return quant_gemm.grouped(quant_gemm.BF16_KIND, x, None, w, None, tokens_per_expert, x.dtype)
+    # float16 / float32: torch's GEMMs (oneDNN/BLAS; float16 accumulates in float32 inside). What
+    # is saved against the reference: no float32 copies of x and w, and each expert's product
+    # lands in its slice of one output (no torch.cat).
     out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
     start = 0
     for e, n in enumerate(tokens_per_expert.tolist()):

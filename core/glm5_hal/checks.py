@@ -179,6 +179,22 @@ def first_bad_range(start: torch.Tensor, end: torch.Tensor, num_keys: int) -> tu
     return (2, int(hit[0, 0])) if hit.numel() else (0, -1)
 
 
+def expert_counts(op: str, tokens_per_expert: torch.Tensor, rows: int, rows_arg: str) -> None:
+    """`tokens_per_expert` (argument of that name) holds counts >= 0 summing to `rows`, the
+    rows of the argument `rows_arg` (the grouped GEMMs' expert-contiguous layout)."""
+    summing = f"counts summing to {rows} (the rows of '{rows_arg}')"
+    if tokens_per_expert.numel() == 0:
+        if rows != 0:
+            fail(op, "tokens_per_expert", summing, "no experts")
+        return
+    e = first_outside(tokens_per_expert, 0, 2**31)
+    if e >= 0:
+        fail(op, "tokens_per_expert", "counts >= 0", f"{int(tokens_per_expert[e])} for expert {e}")
+    count = total(tokens_per_expert)
+    if count != rows:
+        fail(op, "tokens_per_expert", summing, f"sum {count}")
+
+
 def index_range(op: str, arg: str, t: torch.Tensor, low: int, high: int, *,
                 allow: Sequence[int] = ()) -> None:
     """Every element of `t` is in [low, high) or one of `allow` (at most one value)."""

@@ -5,6 +5,7 @@ Imports nothing heavy at module level: `glm5-hal doctor` must run where `import 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -90,13 +91,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         cases = [c for c in bench_cases.cases(args.preset) if not ops or c.op in ops]
         roof = roofline.measure()
         report["preset"] = args.preset
-        report["roofline"] = {"copy_gbps": roof.copy_gbps, "gemm_gflops": roof.gemm_gflops, "threads": roof.threads}
+        report["roofline"] = dataclasses.asdict(roof)
         print(f"\nops at preset {args.preset!r} (median of {args.repeats} batches; x ref = reference ms / ms; "
-              f"% roof of the binding limit, f = flops, b = bytes)")
+              f"% roof of the machine's binding limit [named], f = flops, b = bytes; % torch of torch's "
+              f"GEMM or copy_ in this run)")
         print(runner.format_header(roof), flush=True)
         results = runner.run_cases(cases, roof, backends, compile_reference=not args.no_compile,
                                    repeats=args.repeats,
-                                   on_case=lambda c, r: print(runner.format_rows(c, r), flush=True))
+                                   on_case=lambda c, r: print(runner.format_rows(c, r, roof), flush=True))
         report["ops"] = runner.to_json(results)
     _write_json(args.json, report)
     return 0

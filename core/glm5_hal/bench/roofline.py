@@ -1,35 +1,124 @@
-"""The machine's limits, measured in the same run as the ops they bound: memory copy
-bandwidth and fp32 GEMM throughput (both through torch, so they are what a user can get)."""
+"""The machine's limits, measured in the same run as the ops they bound.
+
+Small native loops (glm5_hal._C.roofline_*, csrc/roofline.cpp) measure what this CPU does with
+the instructions the kernels use -- float32 FMA, AVX-512 BF16 dot products (vdpbf16ps), int8
+dot products (vpdpbusd: AVX-512 VNNI or AVX-VNNI), AMX tiles (bf16 and int8) -- and STREAM-triad
+bandwidth over arrays larger than the last-level cache, all with torch's thread count. A row is
+judged against the limit that binds it: its flops at the machine's best rate for its
+arithmetic (`compute`: "fp32", "bf16" or "int8"), or its bytes at triad bandwidth, whichever
+takes longer. Torch's float32 and bfloat16 GEMMs and `copy_` are measured too: the peer column
+(what a user gets from torch here), not a limit.
+"""
 from __future__ import annotations
 
 import dataclasses
+import glob
 
 import torch
 
 from .timing import median_time
 
+COMPUTE_KINDS = ("fp32", "bf16", "int8")
+
 
 @dataclasses.dataclass(frozen=True)
 class Roofline:
-    copy_gbps: float     # bytes read + written per second / 1e9
-    gemm_gflops: float   # fp32 matmul flops per second / 1e9
     threads: int
+    # the machine's limits (native loops), GFLOP/s or GOP/s and GB/s; 0: not on this CPU
+    fp32_fma_gflops: float
+    bf16_dot_gflops: float      # AVX-512 BF16 vdpbf16ps
+    int8_dot_gops: float        # vpdpbusd
+    amx_bf16_gflops: float
+    amx_int8_gops: float
+    triad_gbps: float
+    # torch's peers, same run
+    torch_fp32_gemm_gflops: float
+    torch_bf16_gemm_gflops: float
+    torch_copy_gbps: float
 
-    def percent(self, seconds: float, flops: float, nbytes: float) -> tuple[float, str]:
+    def compute_limit(self, compute: str) -> tuple[float, str]:
+        """(rate in G/s, what sets it) of the fastest instructions for `compute` products:
+        bf16 and FP8 (converted exactly to bf16) products may run on AMX, AVX-512 BF16 or
+        float32 FMA (exact for bf16 operands); int8 on AMX or VNNI."""
+        if compute not in COMPUTE_KINDS:
+            raise ValueError(f"compute must be one of {COMPUTE_KINDS}, got {compute!r}")
+        options = [(self.fp32_fma_gflops, "fp32 FMA")]
+        if compute == "bf16":
+            options += [(self.bf16_dot_gflops, "AVX-512 BF16"), (self.amx_bf16_gflops, "AMX bf16")]
+        elif compute == "int8":
+            options += [(self.int8_dot_gops, "VNNI int8"), (self.amx_int8_gops, "AMX int8")]
+        return max(options)
+
+    def percent(self, seconds: float, flops: float, nbytes: float, compute: str = "fp32") -> tuple[float, str]:
         """Percentage of the binding limit reached, and which limit binds (flops or bytes)."""
-        t_flops = flops / (self.gemm_gflops * 1e9) if flops else 0.0
-        t_bytes = nbytes / (self.copy_gbps * 1e9) if nbytes else 0.0
+        rate, _ = self.compute_limit(compute)
+        t_flops = flops / (rate * 1e9) if flops else 0.0
+        t_bytes = nbytes / (self.triad_gbps * 1e9) if nbytes else 0.0
         if t_flops >= t_bytes:
             return 100.0 * t_flops / seconds, "flops"
         return 100.0 * t_bytes / seconds, "bytes"
 
+    def torch_percent(self, seconds: float, flops: float, nbytes: float, compute: str = "fp32") -> float:
+        """The same against torch's peers: its GEMM (bfloat16 for bf16 and int8 products,
+        float32 otherwise) for flops, its copy_ for bytes, whichever takes longer."""
+        gemm = self.torch_fp32_gemm_gflops if compute == "fp32" else self.torch_bf16_gemm_gflops
+        t = max(flops / (gemm * 1e9) if flops else 0.0, nbytes / (self.torch_copy_gbps * 1e9) if nbytes else 0.0)
+        return 100.0 * t / seconds
 
-def measure(copy_mib: int = 256, gemm_n: int = 2048, repeats: int = 5) -> Roofline:
+    def describe(self) -> str:
+        def rate(v: float, unit: str) -> str:
+            return f"{v:.1f} {unit}" if v else "n/a"
+        return (f"roofline ({self.threads} threads, native loops): fp32 FMA {rate(self.fp32_fma_gflops, 'GFLOP/s')}, "
+                f"AVX-512 BF16 {rate(self.bf16_dot_gflops, 'GFLOP/s')}, AMX bf16 {rate(self.amx_bf16_gflops, 'GFLOP/s')}, "
+                f"VNNI int8 {rate(self.int8_dot_gops, 'GOP/s')}, AMX int8 {rate(self.amx_int8_gops, 'GOP/s')}, "
+                f"triad {rate(self.triad_gbps, 'GB/s')}\n"
+                f"torch peers: fp32 GEMM {self.torch_fp32_gemm_gflops:.1f} GFLOP/s, bf16 GEMM "
+                f"{self.torch_bf16_gemm_gflops:.1f} GFLOP/s, copy_ {self.torch_copy_gbps:.1f} GB/s")
+
+
+def last_level_cache_bytes(default: int = 64 * 2**20) -> int:
+    """The largest CPU cache Linux reports (sysfs), or `default`."""
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best or default
+
+
+def measure(seconds: float = 0.3, gemm_n: int = 2048, copy_mib: int = 256, repeats: int = 5,
+            triad_mib: int | None = None) -> Roofline:
+    """Measures every limit with torch's thread count. triad_mib: the size of each of the three
+    triad arrays (default: the last-level cache, at least 64 MiB and at most 512 MiB)."""
+    threads = torch.get_num_threads()
     src = torch.ones(copy_mib * 2**20 // 4)
     dst = torch.empty_like(src)
     copy_s = median_time(lambda: dst.copy_(src), repeats=repeats, min_time=0.5)
-    a, b = torch.randn(gemm_n, gemm_n), torch.randn(gemm_n, gemm_n)
-    gemm_s = median_time(lambda: torch.mm(a, b), repeats=repeats, min_time=0.5)
-    return Roofline(copy_gbps=2 * src.nbytes / copy_s / 1e9,
-                    gemm_gflops=2 * gemm_n**3 / gemm_s / 1e9,
-                    threads=torch.get_num_threads())
+    del src, dst
+    gemm = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(gemm_n, gemm_n).to(dtype), torch.randn(gemm_n, gemm_n).to(dtype)
+        gemm[dtype] = 2 * gemm_n**3 / median_time(lambda: torch.mm(a, b), repeats=repeats, min_time=0.5) / 1e9
+    try:
+        from glm5_hal import _C
+    except ImportError:   # no native loops: torch's own numbers stand in for the machine's
+        _C = None
+    torch_copy = 2 * copy_mib * 2**20 / copy_s / 1e9
+    if _C is None:
+        native = dict(fp32_fma_gflops=gemm[torch.float32], bf16_dot_gflops=0.0, int8_dot_gops=0.0,
+                      amx_bf16_gflops=0.0, amx_int8_gops=0.0, triad_gbps=torch_copy)
+    else:
+        mib = triad_mib or min(512, max(64, last_level_cache_bytes() // 2**20))
+        native = dict(fp32_fma_gflops=_C.roofline_fp32_fma_flops(threads, seconds) / 1e9,
+                      bf16_dot_gflops=_C.roofline_bf16_dot_flops(threads, seconds) / 1e9,
+                      int8_dot_gops=_C.roofline_int8_dot_ops(threads, seconds) / 1e9,
+                      amx_bf16_gflops=_C.roofline_amx_bf16_flops(threads, seconds) / 1e9,
+                      amx_int8_gops=_C.roofline_amx_int8_ops(threads, seconds) / 1e9,
+                      triad_gbps=_C.roofline_triad_bytes(threads, mib * 2**20 // 8, repeats) / 1e9)
+    return Roofline(threads=threads, **native, torch_fp32_gemm_gflops=gemm[torch.float32],
+                    torch_bf16_gemm_gflops=gemm[torch.bfloat16], torch_copy_gbps=torch_copy)

@@ -1,10 +1,13 @@
 """Times one op three ways in the same run -- the reference (eager), `torch.compile` of the
-reference, and every available backend's own implementation -- and relates each to the
-machine's roofline. Ratios are the result; absolute times vary from machine to machine."""
+reference, and every available backend's own implementation (plus any baselines a case names,
+e.g. torch's own path for the same result) -- and relates each to the machine's limits and to
+torch's peers measured in the same run (glm5_hal.bench.roofline). Ratios are the result;
+absolute times vary from machine to machine."""
 from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import logging
 import warnings
 from typing import Callable, Iterable
@@ -22,23 +25,34 @@ class BenchCase:
     """One op at one shape. `make()` returns the op's positional arguments.
     flops / nbytes: the work and the bytes that must move at least once (read + written);
     the roofline percentage is taken against whichever bound is slower.
+    compute: the arithmetic of the flops ("fp32", "bf16" -- FP8 included, converted exactly --
+    or "int8"), which picks the machine's rate they are held to.
     compile_reference: False where torch.compile of the reference is impractical (minutes,
-    gigabytes); the table then says so."""
+    gigabytes); the table then says so.
+    baselines: (label, fn) pairs timed on the same arguments, `fn(*args)` -- another way to the
+    same result (e.g. torch: dequantize, then a bf16 matmul).
+    rotate: calls cycle through this many independently made argument sets, so that inputs
+    larger together than the last-level cache come from memory (decode reads its weights
+    once per step, never from cache)."""
     label: str
     make: Callable[[], tuple]
     flops: float = 0.0
     nbytes: float = 0.0
+    compute: str = "fp32"
     compile_reference: bool = True
+    baselines: tuple[tuple[str, Callable[..., object]], ...] = ()
+    rotate: int = 1
     op: str = ""   # set by the case registry (glm5_hal.bench.cases)
 
 
 @dataclasses.dataclass
 class Timing:
-    who: str               # "reference", "compiled", or a backend's implementation
+    who: str               # "reference", "compiled", a backend's implementation or a baseline
     ms: float | None
     vs_reference: float | None = None   # reference time / this time (higher is faster)
-    roofline_pct: float | None = None
-    bound: str = ""
+    roofline_pct: float | None = None   # of the machine's binding limit
+    bound: str = ""                     # "flops" or "bytes"
+    torch_pct: float | None = None      # of torch's peer (its GEMM / copy_)
     note: str = ""
 
 
@@ -60,18 +74,28 @@ def candidate_backends(only: Iterable[str] | None = None) -> list[str]:
 
 def run_case(case: BenchCase, roofline: Roofline, backends: list[str], *,
              compile_reference: bool = True, repeats: int = 5, min_time: float = 0.2) -> list[Timing]:
-    args = case.make()
+    arg_sets = [case.make() for _ in range(max(1, case.rotate))]
     try:
-        return _run(case, args, roofline, backends, compile_reference, repeats, min_time)
+        return _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_time)
     finally:
-        del args
+        del arg_sets
         gc.collect()
 
 
-def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -> list[Timing]:
+def _cycling(fn: Callable[..., object], arg_sets: list[tuple]) -> Callable[[], object]:
+    """fn called on the argument sets in turn."""
+    if len(arg_sets) == 1:
+        args = arg_sets[0]
+        return lambda: fn(*args)
+    it = itertools.cycle(arg_sets)
+    return lambda: fn(*next(it))
+
+
+def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_time) -> list[Timing]:
     reference = getattr(hal.reference, case.op)
     public = getattr(hal.ops, case.op)
-    rows = [_timed("reference", lambda: reference(*args), case, roofline, repeats, min_time)]
+    args = arg_sets[0]
+    rows = [_timed("reference", _cycling(reference, arg_sets), case, roofline, repeats, min_time)]
     if compile_reference and case.compile_reference:
         torch._dynamo.reset()
         try:
@@ -79,7 +103,7 @@ def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -
                 warnings.simplefilter("ignore")
                 compiled = torch.compile(reference, dynamic=False)
                 compiled(*args)
-            rows.append(_timed("compiled", lambda: compiled(*args), case, roofline, repeats, min_time))
+            rows.append(_timed("compiled", _cycling(compiled, arg_sets), case, roofline, repeats, min_time))
         except Exception as exc:  # a reference torch.compile cannot handle is reported, not fatal
             rows.append(Timing("compiled", None, note=f"torch.compile failed: {type(exc).__name__}"))
         finally:
@@ -92,7 +116,9 @@ def _run(case, args, roofline, backends, compile_reference, repeats, min_time) -
             if not chosen or not chosen.startswith(name + "."):
                 rows.append(Timing(name, None, note=f"not implemented here (runs {chosen})"))
                 continue
-            rows.append(_timed(chosen, lambda: public(*args), case, roofline, repeats, min_time))
+            rows.append(_timed(chosen, _cycling(public, arg_sets), case, roofline, repeats, min_time))
+    for label, fn in case.baselines:
+        rows.append(_timed(label, _cycling(fn, arg_sets), case, roofline, repeats, min_time))
     ref_ms = rows[0].ms
     for r in rows:
         if r.ms and ref_ms:
@@ -106,8 +132,11 @@ def _timed(who: str, fn: Callable[[], object], case: BenchCase, roofline: Roofli
         seconds = median_time(fn, repeats=repeats, min_time=min_time)
     except Exception as exc:  # noqa: BLE001  (one failing implementation must not end the run)
         return Timing(who, None, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
-    pct, bound = roofline.percent(seconds, case.flops, case.nbytes)
-    return Timing(who, seconds * 1e3, roofline_pct=pct if (case.flops or case.nbytes) else None, bound=bound)
+    if not (case.flops or case.nbytes):
+        return Timing(who, seconds * 1e3)
+    pct, bound = roofline.percent(seconds, case.flops, case.nbytes, case.compute)
+    return Timing(who, seconds * 1e3, roofline_pct=pct, bound=bound,
+                  torch_pct=roofline.torch_percent(seconds, case.flops, case.nbytes, case.compute))
 
 
 def run_cases(cases: list[BenchCase], roofline: Roofline, backends: list[str], *, compile_reference: bool = True,
@@ -127,26 +156,31 @@ def run_cases(cases: list[BenchCase], roofline: Roofline, backends: list[str], *
 
 
 def to_json(results: list[tuple[BenchCase, list[Timing]]]) -> list[dict]:
-    return [{"op": case.op, "shape": case.label, "flops": case.flops, "bytes": case.nbytes,
+    return [{"op": case.op, "shape": case.label, "flops": case.flops, "bytes": case.nbytes, "compute": case.compute,
              "timings": [dataclasses.asdict(t) for t in rows]} for case, rows in results]
 
 
 def format_header(roofline: Roofline) -> str:
-    return (f"roofline: copy {roofline.copy_gbps:.1f} GB/s, fp32 GEMM {roofline.gemm_gflops:.1f} "
-            f"GFLOP/s ({roofline.threads} threads)\n"
-            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>8}")
+    return (roofline.describe() + "\n"
+            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>9} {'% torch':>8}")
 
 
-def format_rows(case: BenchCase, rows: list[Timing]) -> str:
+def _limit_name(case: BenchCase, roofline: Roofline, bound: str) -> str:
+    return "triad" if bound == "bytes" else roofline.compute_limit(case.compute)[1]
+
+
+def format_rows(case: BenchCase, rows: list[Timing], roofline: Roofline | None = None) -> str:
     lines = []
     for r in rows:
         ms = f"{r.ms:10.3f}" if r.ms else f"{'-':>10}"
         ratio = f"{r.vs_reference:7.2f}" if r.vs_reference else f"{'-':>7}"
-        roof = f"{r.roofline_pct:6.1f}%{r.bound[0]}" if r.roofline_pct is not None else f"{'-':>8}"
-        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof}"
-                     + (f"  {r.note}" if r.note else ""))
+        roof = f"{r.roofline_pct:7.1f}%{r.bound[0]}" if r.roofline_pct is not None else f"{'-':>9}"
+        peer = f"{r.torch_pct:7.1f}%" if r.torch_pct is not None else f"{'-':>8}"
+        limit = f"  [{_limit_name(case, roofline, r.bound)}]" if roofline and r.roofline_pct is not None else ""
+        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof} {peer}"
+                     + limit + (f"  {r.note}" if r.note else ""))
     return "\n".join(lines)
 
 
 def format_table(results: list[tuple[BenchCase, list[Timing]]], roofline: Roofline) -> str:
-    return "\n".join([format_header(roofline)] + [format_rows(c, rows) for c, rows in results])
+    return "\n".join([format_header(roofline)] + [format_rows(c, rows, roofline) for c, rows in results])

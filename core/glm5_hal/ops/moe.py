@@ -98,19 +98,7 @@ moe_unpermute = define(
 
 
 def _check_grouped_gemm_values(x, w, tokens_per_expert):
-    op = "grouped_gemm"
-    if tokens_per_expert.numel() == 0:
-        if x.shape[0] != 0:
-            C.fail(op, "tokens_per_expert", f"counts summing to {x.shape[0]} (the rows of 'x')",
-                   "no experts")
-        return
-    e = C.first_outside(tokens_per_expert, 0, 2**31)
-    if e >= 0:
-        C.fail(op, "tokens_per_expert", "counts >= 0", f"{int(tokens_per_expert[e])} for expert {e}")
-    count = C.total(tokens_per_expert)
-    if count != x.shape[0]:
-        C.fail(op, "tokens_per_expert", f"counts summing to {x.shape[0]} (the rows of 'x')",
-               f"sum {count}")
+    C.expert_counts("grouped_gemm", tokens_per_expert, x.shape[0], "x")
 
 
 grouped_gemm = define(

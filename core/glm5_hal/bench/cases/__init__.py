@@ -1,6 +1,6 @@
 """Benchmark cases: every op at GLM-5 shapes (OPS.md section 1), one module per op family
-(common, quant, dsa, moe, kv), like the conformance cases. A family module registers one
-case per op:
+(common, quant, dsa, moe, kv), like the conformance cases. A family module registers the
+cases of each op (one, or a list: e.g. a GEMM at prefill and at decode shapes):
 
     @bench_case("rms_norm")
     def rms_norm(s: Shapes) -> BenchCase:
@@ -102,13 +102,13 @@ def paged(g: torch.Generator, batch: int, context: int, block_size: int, dim: in
 
 
 # -- the registry ----------------------------------------------------------------------------
-_CASES: dict[str, Callable[[Shapes], BenchCase]] = {}
+_CASES: dict[str, Callable[[Shapes], "BenchCase | list[BenchCase]"]] = {}
 _loaded = False
 
 
 def bench_case(op: str) -> Callable:
-    """Registers `fn(shapes) -> BenchCase` as the benchmark case of `op`."""
-    def register(fn: Callable[[Shapes], BenchCase]) -> Callable[[Shapes], BenchCase]:
+    """Registers `fn(shapes) -> BenchCase | list[BenchCase]` as the benchmark cases of `op`."""
+    def register(fn: Callable[[Shapes], BenchCase | list[BenchCase]]) -> Callable:
         if op in _CASES:
             from ...errors import HalError
             raise HalError(f"bench: op {op!r} has two cases ({_CASES[op].__module__} and {fn.__module__})")
@@ -118,11 +118,15 @@ def bench_case(op: str) -> Callable:
 
 
 def cases(preset: str = "glm5") -> list[BenchCase]:
-    """One case per op for `preset`, family by family."""
+    """The cases of every op for `preset`, family by family."""
     global _loaded
     if not _loaded:
         _loaded = True
         for module in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{module.name}")
     s = shapes(preset)
-    return [dataclasses.replace(make(s), op=op) for op, make in _CASES.items()]
+    out = []
+    for op, make in _CASES.items():
+        made = make(s)
+        out += [dataclasses.replace(c, op=op) for c in (made if isinstance(made, list) else [made])]
+    return out

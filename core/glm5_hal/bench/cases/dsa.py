@@ -29,7 +29,7 @@ def _indexer(s: Shapes, with_topk: bool):
 
 def _indexer_work(s: Shapes) -> dict:
     Tq, Hi, Di, ctx = s.attention_tokens, s.index_heads, s.index_dim, s.context
-    return dict(flops=2 * Tq * Hi * Di * ctx, nbytes=2 * ctx * Di + 4 * Tq * ctx)
+    return dict(flops=2 * Tq * Hi * Di * ctx, nbytes=2 * ctx * Di + 4 * Tq * ctx, compute="bf16")
 
 
 @bench_case("indexer_logits")
@@ -55,11 +55,13 @@ def indexer_topk_paged(s: Shapes) -> BenchCase:
         return q, cache, randn(g, (B, 1, Hi), F32, (Hi * Di) ** -0.5), table, lens, s.index_topk
 
     return BenchCase(f"{_decode(s)} {Hi}x{Di} fp8 keys top-{s.index_topk}", make,
-                     flops=2 * B * Hi * Di * ctx, nbytes=B * ctx * (Di + 4))
+                     flops=2 * B * Hi * Di * ctx, nbytes=B * ctx * (Di + 4), compute="bf16")
 
 
 def _attention_flops(s: Shapes) -> int:
-    """Multiply-adds per (query head, selected row): q . row over d_qk, p * row over d_v."""
+    """Multiply-adds per (query head, selected row): q . row over d_qk, p * row over d_v. Held
+    to the machine's bf16 rate (compute="bf16"): QK is bf16 x bf16, and the fastest rate is the
+    limit that cannot be beaten (PV's float32 probabilities would allow less)."""
     return s.d_qk + s.d_v
 
 
@@ -75,7 +77,8 @@ def sparse_mla_attention(s: Shapes) -> BenchCase:
         return q, kv, idx, GLM5_SM_SCALE, s.d_v
 
     return BenchCase(f"[{Tq}, {s.heads}, {s.d_qk}] top-{s.index_topk} of {ctx}", make,
-                     flops=2 * Tq * s.heads * topk * _attention_flops(s), nbytes=2 * Tq * topk * s.d_qk)
+                     flops=2 * Tq * s.heads * topk * _attention_flops(s), nbytes=2 * Tq * topk * s.d_qk,
+                     compute="bf16")
 
 
 def _decode_inputs(s: Shapes, sparse: bool):
@@ -96,7 +99,8 @@ def _decode_inputs(s: Shapes, sparse: bool):
 def sparse_mla_decode_paged(s: Shapes) -> BenchCase:
     B, topk = s.batch, min(s.index_topk, s.context)
     return BenchCase(f"{_decode(s)} H={s.heads} top-{s.index_topk} bf16", _decode_inputs(s, True),
-                     flops=2 * B * s.heads * topk * _attention_flops(s), nbytes=2 * B * topk * s.d_qk)
+                     flops=2 * B * s.heads * topk * _attention_flops(s), nbytes=2 * B * topk * s.d_qk,
+                     compute="bf16")
 
 
 @bench_case("dense_mla_decode_paged")
@@ -105,4 +109,4 @@ def dense_mla_decode_paged(s: Shapes) -> BenchCase:
     # compiling the dense reference at long contexts takes minutes and gigabytes
     return BenchCase(f"{_decode(s)} H={s.heads} bf16", _decode_inputs(s, False),
                      flops=2 * B * s.heads * ctx * _attention_flops(s), nbytes=2 * B * ctx * s.d_qk,
-                     compile_reference=ctx <= 8192)
+                     compute="bf16", compile_reference=ctx <= 8192)

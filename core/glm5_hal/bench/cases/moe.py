@@ -50,4 +50,17 @@ def grouped_gemm(s: Shapes) -> BenchCase:
         return randn(g, (rows, H)), randn(g, (experts, 2 * I, H), BF16, H ** -0.5), counts
 
     return BenchCase(f"{experts} experts, [{rows}, {H}] x [{2 * I}, {H}] bf16", make,
-                     flops=2 * rows * 2 * I * H, nbytes=2 * experts * 2 * I * H + 2 * rows * (H + 2 * I))
+                     flops=2 * rows * 2 * I * H, nbytes=2 * experts * 2 * I * H + 2 * rows * (H + 2 * I),
+                     compute="bf16", baselines=(("torch: bf16 mm per expert", torch_per_expert),))
+
+
+def torch_per_expert(x, w, tokens_per_expert):
+    """torch's bf16 GEMM (oneDNN) once per expert into slices of one output: the cpu backend's
+    grouped_gemm before it had native tiles."""
+    out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
+    start = 0
+    for e, n in enumerate(tokens_per_expert.tolist()):
+        if n:
+            torch.mm(x[start:start + n], w[e].t(), out=out[start:start + n])
+            start += n
+    return out
