@@ -53,7 +53,7 @@ struct TorchNames {
   PyObject *data_ptr, *dtype, *shape, *stride, *contiguous;
   PyObject *empty, *dtype_kwname;  // torch.empty, ("dtype",)
   PyTypeObject* view_type;
-  std::array<std::pair<PyObject*, DType>, 6> dtypes;
+  std::array<std::pair<PyObject*, DType>, 7> dtypes;
 };
 TorchNames g;
 
@@ -107,7 +107,8 @@ void init_torch_names(const py::module_& m) {
   g.dtype_kwname = py::make_tuple("dtype").release().ptr();
   const std::pair<const char*, DType> names[] = {{"float32", DType::F32}, {"float16", DType::F16},
                                                  {"bfloat16", DType::BF16}, {"float8_e4m3fn", DType::F8E4M3},
-                                                 {"int32", DType::I32}, {"int64", DType::I64}};
+                                                 {"int32", DType::I32}, {"int64", DType::I64},
+                                                 {"int8", DType::I8}};
   for (size_t i = 0; i < g.dtypes.size(); ++i)
     g.dtypes[i] = {py::object(torch.attr(names[i].first)).release().ptr(), names[i].second};
   init_accessors(torch.attr("Tensor").ptr());
@@ -166,7 +167,7 @@ bool read_view(py::handle h, const char* op, const char* arg, View& v) {
       break;
     }
   if (!known)
-    throw glm5::InvalidInput(op, arg, "dtype float32, float16, bfloat16, float8_e4m3fn, int32 or int64",
+    throw glm5::InvalidInput(op, arg, "dtype float32, float16, bfloat16, float8_e4m3fn, int32, int64 or int8",
                              py::str(dtype).cast<std::string>());
   const int ndim = static_cast<int>(PyTuple_GET_SIZE(shape.ptr()));
   int64_t size[64], strides[64];
@@ -430,58 +431,19 @@ PYBIND11_MODULE(_C, m) {
   // ---- end quant ----
 
   // ---- quantized and grouped GEMMs (qgemm.h), int8_quant ----
-  // Each matrix crosses as (pointer, dtype code, sizes..., strides in elements..., scale pointer):
-  // the output as (out, out dtype, out row stride); the activations as (a, rows M, K, row stride,
-  // scale); the weights as (w, experts E, N, expert stride, row stride, scale) with K the
-  // activations'; tokens_per_expert as a pointer to E int32 counts (validated natively).
   m.def("qgemm_float_isa", &glm5::qgemm_float_isa, "float-path GEMM tile tier: 0 portable .. 4 AMX");
   m.def("qgemm_int8_isa", &glm5::qgemm_int8_isa, "int8-path GEMM tile tier: 0 portable .. 4 AMX");
   m.def("qgemm_max_isa", &glm5::qgemm_max_isa, "best GEMM tile tier this CPU supports");
   m.def("qgemm_set_isa_limit", &glm5::qgemm_set_isa_limit, py::arg("limit"),
         "cap the GEMM tile tier (tests); returns the previous cap");
-  m.def("int8_quant",
-        [](uintptr_t q, uintptr_t scale, uintptr_t x, int64_t rows, int64_t cols, int64_t xs, int d, int nt) {
-          glm5::int8_quant(ptr<int8_t>(q), ptr<float>(scale), ptr<const void>(x), rows, cols, xs, dt(d), nt);
-        },
-        py::call_guard<py::gil_scoped_release>());
-  auto operand = [](uintptr_t a, DType ad, int64_t m, int64_t k, int64_t as, uintptr_t a_scale) {
-    return glm5::GemmOperand{ptr<const void>(a), ad, m, k, as, ptr<const float>(a_scale)};
-  };
-  auto weights = [](uintptr_t w, DType wd, int64_t e, int64_t n, int64_t k, int64_t wes, int64_t ws,
-                    uintptr_t w_scale) {
-    return glm5::GemmWeights{ptr<const void>(w), wd, e, n, k, wes, ws, ptr<const float>(w_scale)};
-  };
-  m.def("fp8_block_gemm",
-        [operand, weights](uintptr_t out, int od, int64_t os, uintptr_t a, int64_t m, int64_t k, int64_t as,
-                           uintptr_t a_scale, uintptr_t w, int64_t n, int64_t ws, uintptr_t w_scale, int nt) {
-          glm5::fp8_block_gemm({ptr<void>(out), dt(od), os}, operand(a, DType::F8E4M3, m, k, as, a_scale),
-                               weights(w, DType::F8E4M3, 1, n, k, 0, ws, w_scale), nt);
-        },
-        py::call_guard<py::gil_scoped_release>());
-  m.def("int8_gemm",
-        [operand, weights](uintptr_t out, int od, int64_t os, uintptr_t x, int64_t m, int64_t k, int64_t xs,
-                           uintptr_t x_scale, uintptr_t w, int64_t n, int64_t ws, uintptr_t w_scale, uintptr_t bias,
-                           int nt) {
-          glm5::int8_gemm({ptr<void>(out), dt(od), os}, operand(x, DType::I8, m, k, xs, x_scale),
-                          weights(w, DType::I8, 1, n, k, 0, ws, w_scale), ptr<const float>(bias), nt);
-        },
-        py::call_guard<py::gil_scoped_release>(), "bias = 0: no bias");
-  // The grouped GEMMs: kind 0 = FP8 (fp8_grouped_gemm), 1 = INT8 (int8_grouped_gemm), 2 = bfloat16
-  // (grouped_gemm, no scales).
-  m.def("grouped_gemm",
-        [operand, weights](int kind, uintptr_t out, int od, int64_t os, uintptr_t a, int64_t m, int64_t k,
-                           int64_t as, uintptr_t a_scale, uintptr_t w, int64_t e, int64_t n, int64_t wes, int64_t ws,
-                           uintptr_t w_scale, uintptr_t tokens_per_expert, int nt) {
-          const DType d = kind == 0 ? DType::F8E4M3 : kind == 1 ? DType::I8 : DType::BF16;
-          const glm5::GemmOutput o{ptr<void>(out), dt(od), os};
-          const glm5::GemmOperand ao = operand(a, d, m, k, as, a_scale);
-          const glm5::GemmWeights wo = weights(w, d, e, n, k, wes, ws, w_scale);
-          const int32_t* counts = ptr<const int32_t>(tokens_per_expert);
-          if (kind == 0) glm5::fp8_grouped_gemm(o, ao, wo, counts, nt);
-          else if (kind == 1) glm5::int8_grouped_gemm(o, ao, wo, counts, nt);
-          else glm5::bf16_grouped_gemm(o, ao, wo, counts, nt);
-        },
-        py::call_guard<py::gil_scoped_release>());
+  def_kernel(m, "int8_quant", &glm5::int8_quant, "q", "scale", "x", "num_threads");
+  def_kernel(m, "fp8_block_gemm", &glm5::fp8_block_gemm, "out", "a", "a_scale", "w", "w_scale", "num_threads");
+  def_kernel(m, "fp8_grouped_gemm", &glm5::fp8_grouped_gemm, "out", "a", "a_scale", "w", "w_scale",
+             "tokens_per_expert", "num_threads");
+  def_kernel(m, "int8_gemm", &glm5::int8_gemm, "out", "x", "x_scale", "w", "w_scale", "bias", "num_threads");
+  def_kernel(m, "int8_grouped_gemm", &glm5::int8_grouped_gemm, "out", "x", "x_scale", "w", "w_scale",
+             "tokens_per_expert", "num_threads");
+  def_kernel(m, "bf16_grouped_gemm", &glm5::bf16_grouped_gemm, "out", "x", "w", "tokens_per_expert", "num_threads");
   // ---- end quantized and grouped GEMMs ----
 
   // ---- roofline (glm5-hal bench): the machine's peak rates and memory bandwidth ----

@@ -129,12 +129,6 @@ inline void dispatch_float(DType d, const char* op, const char* arg, F&& f) {
     if (!(ok)) throw ::glm5::InvalidInput((op), (arg), (expected), (actual)); \
   } while (false)
 
-// The function form of GLM5_REQUIRE (its message is built on every call): csrc/qgemm.cpp, written
-// on the quant-gemm branch before the macro, still calls it; only checks run once per call use it.
-inline void require(bool ok, const char* op, const char* arg, const std::string& expected, const std::string& actual) {
-  if (!ok) throw InvalidInput(op, arg, expected, actual);
-}
-
 inline int clamp_threads(int n) { return n < 1 ? 1 : n; }
 
 inline bool is_float(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }

@@ -70,6 +70,25 @@ const Int8Tile& int8_tile() {
 
 enum class Kind { kFp8, kInt8, kBf16 };
 
+// The operands as the drivers index them, read from the views and checked (operands()).
+struct GemmOperand {   // [rows, cols], unit stride along cols
+  const void* data;
+  DType dtype;
+  int64_t rows, cols, row_stride;
+  const float* scale;
+};
+struct GemmWeights {   // [experts, rows, cols], unit stride along cols
+  const void* data;
+  DType dtype;
+  int64_t experts, rows, cols, expert_stride, row_stride;
+  const float* scale;
+};
+struct GemmOutput {
+  void* data;
+  DType dtype;
+  int64_t row_stride;
+};
+
 constexpr int64_t kMaxNc = 8 * kNr;     // output columns per task (at most)
 constexpr int64_t kFloatKc = 512;       // K block of the float path (a multiple of 128)
 constexpr int64_t kIntKc = 1024;        // K block of the int8 path (a multiple of 64)
@@ -91,45 +110,19 @@ struct Problem {
   GemmOutput out;
 };
 
-void check_problem(const Problem& p) {
+// tokens_per_expert: counts >= 0 summing to M (the same words as the op's Python check). The
+// views' metadata are checked when they are read (operands()).
+void check_counts(const Problem& p) {
   const char* op = p.op;
-  const GemmOperand& a = p.a;
-  const GemmWeights& w = p.w;
-  const bool int8 = p.kind == Kind::kInt8;
-  const DType in = p.kind == Kind::kFp8 ? DType::F8E4M3 : int8 ? DType::I8 : DType::BF16;
-  const std::string in_name = p.kind == Kind::kFp8 ? "float8_e4m3fn" : int8 ? "int8" : "bfloat16";
-  require(a.dtype == in, op, p.a_arg, "dtype " + in_name, "dtype code " + str(static_cast<int>(a.dtype)));
-  require(w.dtype == in, op, "w", "dtype " + in_name, "dtype code " + str(static_cast<int>(w.dtype)));
-  require(a.rows >= 0 && a.cols >= 0 && a.row_stride >= 0, op, p.a_arg, "sizes and strides >= 0",
-          str(a.rows) + " x " + str(a.cols) + ", stride " + str(a.row_stride));
-  require(w.experts >= 0 && w.rows >= 0 && w.cols >= 0 && w.row_stride >= 0 && w.expert_stride >= 0, op, "w",
-          "sizes and strides >= 0", str(w.experts) + " x " + str(w.rows) + " x " + str(w.cols));
-  require(w.cols == a.cols, op, "w", "a last dim K = " + str(a.cols) + " (the last dim of '" + p.a_arg + "')",
-          str(w.cols));
-  if (p.kind == Kind::kFp8)
-    require(a.cols % kScaleBlock == 0, op, p.a_arg, "a last dim K that is a multiple of 128 (the FP8 block)",
-            str(a.cols));
-  if (int8)
-    require(a.cols <= kInt8MaxK, op, p.a_arg, "a last dim K <= " + str(kInt8MaxK) + " (the int32 accumulator)",
-            str(a.cols));
-  require(p.out.dtype == DType::F32 || p.out.dtype == DType::F16 || p.out.dtype == DType::BF16, op, "out_dtype",
-          "float32, float16 or bfloat16", "dtype code " + str(static_cast<int>(p.out.dtype)));
-  require(p.out.row_stride >= w.rows, op, "out", "a row stride >= N = " + str(w.rows), str(p.out.row_stride));
-  // tokens_per_expert: counts >= 0 summing to M (the same words as the op's Python check)
-  const std::string summing = "counts summing to " + str(a.rows) + " (the rows of '" + p.a_arg + "')";
-  require(w.experts > 0 || a.rows == 0, op, "tokens_per_expert", summing, "no experts");
+  const std::string summing = "counts summing to " + str(p.a.rows) + " (the rows of '" + p.a_arg + "')";
+  GLM5_REQUIRE(p.w.experts > 0 || p.a.rows == 0, op, "tokens_per_expert", summing, "no experts");
   int64_t total = 0;
-  for (int64_t e = 0; e < w.experts; ++e) {
-    require(p.counts[e] >= 0, op, "tokens_per_expert", "counts >= 0", str(p.counts[e]) + " for expert " + str(e));
+  for (int64_t e = 0; e < p.w.experts; ++e) {
+    GLM5_REQUIRE(p.counts[e] >= 0, op, "tokens_per_expert", "counts >= 0",
+                 str(p.counts[e]) + " for expert " + str(e));
     total += p.counts[e];
   }
-  require(total == a.rows, op, "tokens_per_expert", summing, "sum " + str(total));
-  // scales are read when there are products to scale (FP8: K > 0) or outputs to scale (INT8)
-  const bool scaled = p.kind == Kind::kInt8 || (p.kind == Kind::kFp8 && a.cols > 0);
-  if (scaled && a.rows > 0 && w.rows > 0) {
-    require(a.scale != nullptr, op, int8 ? "x_scale" : "a_scale", "a float32 tensor", "none");
-    require(w.scale != nullptr, op, "w_scale", "a float32 tensor", "none");
-  }
+  GLM5_REQUIRE(total == p.a.rows, op, "tokens_per_expert", summing, "sum " + str(total));
 }
 
 // The call's shared, read-only state.
@@ -444,7 +437,7 @@ void run_streamed(const Call& c, const std::vector<int64_t>& experts, int nt) {
 }
 
 void run(const Problem& p, int num_threads) {
-  check_problem(p);
+  check_counts(p);
   if (p.a.rows == 0 || p.w.rows == 0) return;
   const int nt = clamp_threads(num_threads);
   const Call c(p, float_tile(), int8_tile());
@@ -458,37 +451,109 @@ void run(const Problem& p, int num_threads) {
   if (!packed.empty()) run_packed(c, packed, nt);
 }
 
+// Reads and checks the views of one call (sizes, dtypes, layouts, the scales' shapes); the
+// counts' values are checked by check_counts. `counts` of a dense op: null (one expert of all
+// rows; `dense_count` holds it).
+Problem operands(Kind kind, const char* op, const char* a_arg, const View& out, const View& a, const View* a_scale,
+                 const View& w, const View* w_scale, const View* counts, const View* bias, int32_t* dense_count) {
+  const bool grouped = counts != nullptr;
+  const DType in = kind == Kind::kFp8 ? DType::F8E4M3 : kind == Kind::kInt8 ? DType::I8 : DType::BF16;
+  require_ndim(a, 2, op, a_arg);
+  require_dtype(a, in, op, a_arg);
+  const Rows ar = rows_of(a, op, a_arg);
+  require_ndim(w, grouped ? 3 : 2, op, "w");
+  require_dtype(w, in, op, "w");
+  GemmWeights wv{};
+  if (grouped) {
+    GLM5_REQUIRE(w.size[0] >= 0 && w.size[1] >= 0 && w.size[2] >= 0, op, "w", "sizes >= 0", "shape " + shape_str(w));
+    GLM5_REQUIRE(w.size[2] <= 1 || w.stride[2] == 1, op, "w", "a unit stride along K", "shape " + shape_str(w));
+    GLM5_REQUIRE(w.data != nullptr || w.numel() == 0, op, "w", "a non-null data pointer", "null");
+    wv = {w.data, w.dtype, w.size[0], w.size[1], w.size[2], w.stride[0], w.stride[1], nullptr};
+  } else {
+    const Rows wr = rows_of(w, op, "w");
+    wv = {wr.data, wr.dtype, 1, wr.rows, wr.cols, 0, wr.row_stride, nullptr};
+  }
+  const int64_t m = ar.rows, k = ar.cols, n = wv.rows, e = wv.experts;
+  GLM5_REQUIRE(wv.cols == k, op, "w", "a last dim K = " + str(k) + " (the last dim of '" + a_arg + "')",
+               "shape " + shape_str(w));
+  GLM5_REQUIRE(ar.row_stride >= 0 && wv.row_stride >= 0 && wv.expert_stride >= 0, op, "w", "strides >= 0",
+               "shape " + shape_str(w));
+  if (kind == Kind::kFp8)
+    GLM5_REQUIRE(k % kScaleBlock == 0, op, a_arg, "a last dim K that is a multiple of 128 (the FP8 block)",
+                 "shape " + shape_str(a));
+  if (kind == Kind::kInt8)
+    GLM5_REQUIRE(k <= kInt8MaxK, op, a_arg, "a last dim K <= " + str(kInt8MaxK) + " (the int32 accumulator)",
+                 "shape " + shape_str(a));
+  const char* as_arg = kind == Kind::kInt8 ? "x_scale" : "a_scale";
+  if (kind == Kind::kFp8) {
+    require_dtype(*a_scale, DType::F32, op, as_arg);
+    require_dense(*a_scale, {m, k / kScaleBlock}, op, as_arg);
+    require_dtype(*w_scale, DType::F32, op, "w_scale");
+    if (grouped) require_dense(*w_scale, {e, ceil_div(n, kScaleBlock), k / kScaleBlock}, op, "w_scale");
+    else require_dense(*w_scale, {ceil_div(n, kScaleBlock), k / kScaleBlock}, op, "w_scale");
+  } else if (kind == Kind::kInt8) {
+    require_dtype(*a_scale, DType::F32, op, as_arg);
+    require_dense(*a_scale, {m}, op, as_arg);
+    require_dtype(*w_scale, DType::F32, op, "w_scale");
+    if (grouped) require_dense(*w_scale, {e, n}, op, "w_scale");
+    else require_dense(*w_scale, {n}, op, "w_scale");
+  }
+  if (bias) {
+    require_dtype(*bias, DType::F32, op, "bias");
+    require_dense(*bias, {n}, op, "bias");
+  }
+  GLM5_REQUIRE(is_float(out.dtype), op, "out_dtype", "float32, float16 or bfloat16", dtype_name(out.dtype));
+  require_dense(out, {m, n}, op, "out");
+  const int32_t* count_data = dense_count;
+  if (grouped) {
+    require_dtype(*counts, DType::I32, op, "tokens_per_expert");
+    require_dense(*counts, {e}, op, "tokens_per_expert");
+    count_data = static_cast<const int32_t*>(counts->data);
+  } else {
+    GLM5_REQUIRE(m <= INT32_MAX, op, a_arg, "at most 2^31 - 1 rows", "shape " + shape_str(a));
+    *dense_count = static_cast<int32_t>(m);
+  }
+  wv.scale = w_scale ? static_cast<const float*>(w_scale->data) : nullptr;
+  return {kind, op, a_arg,
+          GemmOperand{ar.data, ar.dtype, m, k, ar.row_stride, a_scale ? static_cast<const float*>(a_scale->data) : nullptr},
+          wv, count_data, bias ? static_cast<const float*>(bias->data) : nullptr,
+          GemmOutput{out.data, out.dtype, n}};
+}
+
 }  // namespace
 
-void fp8_block_gemm(const GemmOutput& out, const GemmOperand& a, const GemmWeights& w, int num_threads) {
-  require(w.experts == 1, "fp8_block_gemm", "w", "one weight", str(w.experts));
-  const int32_t count = static_cast<int32_t>(a.rows);
-  require(a.rows <= INT32_MAX, "fp8_block_gemm", "a", "at most 2^31 - 1 rows", str(a.rows));
-  run({Kind::kFp8, "fp8_block_gemm", "a", a, w, &count, nullptr, out}, num_threads);
+void fp8_block_gemm(const View& out, const RowsIn& a, const DenseIn& a_scale, const RowsIn& w,
+                    const DenseIn& w_scale, int num_threads) {
+  int32_t count = 0;
+  run(operands(Kind::kFp8, "fp8_block_gemm", "a", out, a, &a_scale, w, &w_scale, nullptr, nullptr, &count),
+      num_threads);
 }
 
-void fp8_grouped_gemm(const GemmOutput& out, const GemmOperand& a, const GemmWeights& w,
-                      const int32_t* tokens_per_expert, int num_threads) {
-  run({Kind::kFp8, "fp8_grouped_gemm", "a", a, w, tokens_per_expert, nullptr, out}, num_threads);
+void fp8_grouped_gemm(const View& out, const RowsIn& a, const DenseIn& a_scale, const UnitLastIn& w,
+                      const DenseIn& w_scale, const DenseIn& tokens_per_expert, int num_threads) {
+  run(operands(Kind::kFp8, "fp8_grouped_gemm", "a", out, a, &a_scale, w, &w_scale, &tokens_per_expert, nullptr,
+               nullptr),
+      num_threads);
 }
 
-void int8_gemm(const GemmOutput& out, const GemmOperand& x, const GemmWeights& w, const float* bias,
-               int num_threads) {
-  require(w.experts == 1, "int8_gemm", "w", "one weight", str(w.experts));
-  require(x.rows <= INT32_MAX, "int8_gemm", "x", "at most 2^31 - 1 rows", str(x.rows));
-  const int32_t count = static_cast<int32_t>(x.rows);
-  run({Kind::kInt8, "int8_gemm", "x", x, w, &count, bias, out}, num_threads);
+void int8_gemm(const View& out, const RowsIn& x, const DenseIn& x_scale, const RowsIn& w, const DenseIn& w_scale,
+               const DenseIn* bias, int num_threads) {
+  int32_t count = 0;
+  run(operands(Kind::kInt8, "int8_gemm", "x", out, x, &x_scale, w, &w_scale, nullptr, bias, &count), num_threads);
 }
 
-void int8_grouped_gemm(const GemmOutput& out, const GemmOperand& x, const GemmWeights& w,
-                       const int32_t* tokens_per_expert, int num_threads) {
-  run({Kind::kInt8, "int8_grouped_gemm", "x", x, w, tokens_per_expert, nullptr, out}, num_threads);
+void int8_grouped_gemm(const View& out, const RowsIn& x, const DenseIn& x_scale, const UnitLastIn& w,
+                       const DenseIn& w_scale, const DenseIn& tokens_per_expert, int num_threads) {
+  run(operands(Kind::kInt8, "int8_grouped_gemm", "x", out, x, &x_scale, w, &w_scale, &tokens_per_expert, nullptr,
+               nullptr),
+      num_threads);
 }
 
-void bf16_grouped_gemm(const GemmOutput& out, const GemmOperand& x, const GemmWeights& w,
-                       const int32_t* tokens_per_expert, int num_threads) {
-  require(out.dtype == DType::BF16, "grouped_gemm", "out", "bfloat16", "dtype code " + str(static_cast<int>(out.dtype)));
-  run({Kind::kBf16, "grouped_gemm", "x", x, w, tokens_per_expert, nullptr, out}, num_threads);
+void bf16_grouped_gemm(const View& out, const RowsIn& x, const UnitLastIn& w, const DenseIn& tokens_per_expert,
+                       int num_threads) {
+  GLM5_REQUIRE(out.dtype == DType::BF16, "grouped_gemm", "out", "bfloat16", dtype_name(out.dtype));
+  run(operands(Kind::kBf16, "grouped_gemm", "x", out, x, nullptr, w, nullptr, &tokens_per_expert, nullptr, nullptr),
+      num_threads);
 }
 
 int qgemm_float_isa() { return float_tile().isa; }

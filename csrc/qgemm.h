@@ -13,49 +13,28 @@
 // the op's argument). Inputs are read through row strides; the K dim must be contiguous.
 #pragma once
 
-#include <cstdint>
-
-#include "core.h"
+#include "view.h"
 
 namespace glm5 {
 
-// A matrix operand [rows, cols] with a unit stride along cols and its scales (contiguous;
-// their shape depends on the op, see above; null for bfloat16).
-struct GemmOperand {
-  const void* data;
-  DType dtype;
-  int64_t rows, cols, row_stride;  // strides in elements
-  const float* scale;
-};
-
-// The weights of E experts [E, N, K] (E = 1 for the dense ops) and their scales, contiguous
-// [E, ...] with the per-expert shape of the dense op.
-struct GemmWeights {
-  const void* data;
-  DType dtype;
-  int64_t experts, rows, cols, expert_stride, row_stride;  // strides in elements
-  const float* scale;
-};
-
-// The output [M, N] in out dtype (F32, F16 or BF16), row stride in elements.
-struct GemmOutput {
-  void* data;
-  DType dtype;
-  int64_t row_stride;
-};
-
-void fp8_block_gemm(const GemmOutput& out, const GemmOperand& a, const GemmWeights& w, int num_threads);
-// tokens_per_expert[E]: counts >= 0 summing to a.rows (validated here: InvalidInput otherwise).
-void fp8_grouped_gemm(const GemmOutput& out, const GemmOperand& a, const GemmWeights& w,
-                      const int32_t* tokens_per_expert, int num_threads);
-// bias: [N] float32 or null. K <= 131071 (so no int32 sum can overflow).
-void int8_gemm(const GemmOutput& out, const GemmOperand& x, const GemmWeights& w, const float* bias,
-               int num_threads);
-void int8_grouped_gemm(const GemmOutput& out, const GemmOperand& x, const GemmWeights& w,
-                       const int32_t* tokens_per_expert, int num_threads);
+// Tensors (view.h): out [M, N] contiguous, its dtype (F32, F16 or BF16) the output dtype; the
+// activations a / x [M, K] with rows of any stride; a dense weight [N, K] with rows of any
+// stride, grouped weights [E, N, K] with a unit stride along K; scales, bias and counts
+// contiguous. FP8: a_scale [M, K / 128], w_scale [ceil(N / 128), K / 128] (grouped: [E, ...]).
+// INT8: x_scale [M], w_scale [N] (grouped: [E, N]), bias [N] float32 or null.
+// tokens_per_expert [E] int32: counts >= 0 summing to M.
+void fp8_block_gemm(const View& out, const RowsIn& a, const DenseIn& a_scale, const RowsIn& w,
+                    const DenseIn& w_scale, int num_threads);
+void fp8_grouped_gemm(const View& out, const RowsIn& a, const DenseIn& a_scale, const UnitLastIn& w,
+                      const DenseIn& w_scale, const DenseIn& tokens_per_expert, int num_threads);
+// K <= 131071 (so no int32 sum can overflow).
+void int8_gemm(const View& out, const RowsIn& x, const DenseIn& x_scale, const RowsIn& w, const DenseIn& w_scale,
+               const DenseIn* bias, int num_threads);
+void int8_grouped_gemm(const View& out, const RowsIn& x, const DenseIn& x_scale, const UnitLastIn& w,
+                       const DenseIn& w_scale, const DenseIn& tokens_per_expert, int num_threads);
 // The bfloat16 grouped_gemm: x [M, K] and w [E, N, K] bfloat16, out bfloat16.
-void bf16_grouped_gemm(const GemmOutput& out, const GemmOperand& x, const GemmWeights& w,
-                       const int32_t* tokens_per_expert, int num_threads);
+void bf16_grouped_gemm(const View& out, const RowsIn& x, const UnitLastIn& w, const DenseIn& tokens_per_expert,
+                       int num_threads);
 
 // Tile-kernel tiers in use for the float (bfloat16 / FP8) and int8 paths: 0 portable, 1 AVX2,
 // 2 AVX2 + AVX-VNNI, 3 AVX-512 (BF16 / VNNI), 4 AMX; a path without a tier's instructions

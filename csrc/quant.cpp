@@ -185,17 +185,24 @@ void int4_unpack(const View& out_view, const RowsIn& packed_view, const DenseIn&
   }
 }
 
-void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
-                DType dtype, int num_threads) {
+void int8_quant(const View& q_out, const View& scale_out, const RowsIn& x, int num_threads) {
   const char* op = "int8_quant";
-  require(rows >= 0, op, "x", "rows >= 0", str(rows));
-  require(cols >= 1, op, "x", "a last dim K >= 1 (a row to take the maximum of)", str(cols));
-  require(x_row_stride >= 0, op, "x", "a row stride >= 0", str(x_row_stride));
-  require_float(dtype, op, "x");
+  const Rows xr = rows_of(x, op, "x");
+  const int64_t rows = xr.rows, cols = xr.cols;
+  GLM5_REQUIRE(cols >= 1, op, "x", "a last dim K >= 1 (a row to take the maximum of)", str(cols));
+  GLM5_REQUIRE(xr.row_stride >= 0, op, "x", "a row stride >= 0", str(xr.row_stride));
+  require_float(x.dtype, op, "x");
+  require_rows_out(q_out, rows, cols, DType::I8, op, "q");
+  require_dtype(scale_out, DType::F32, op, "scale");
+  require_contiguous(scale_out, op, "scale");
+  GLM5_REQUIRE(scale_out.numel() == rows, op, "scale", str(rows) + " elements", "shape " + shape_str(scale_out));
   if (rows == 0) return;
+  int8_t* q = static_cast<int8_t*>(q_out.data);
+  float* scale = static_cast<float*>(scale_out.data);
   const vec::Kernels& K = vec::kernels();
+  const DType dtype = x.dtype;
   const int64_t es = dtype_bytes(dtype);
-  const char* xb = static_cast<const char*>(x);
+  const char* xb = static_cast<const char*>(xr.data);
   advise_fresh_output(q, rows * cols);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
@@ -203,7 +210,7 @@ void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t co
     std::vector<float> buf(static_cast<size_t>(cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      K.load(dtype, xb + r * x_row_stride * es, cols, buf.data());
+      K.load(dtype, xb + r * xr.row_stride * es, cols, buf.data());
       const float s = K.abs_max(buf.data(), cols) / 127.0f;
       scale[r] = s;
       if (s == 0.0f) std::memset(q + r * cols, 0, static_cast<size_t>(cols));

@@ -30,11 +30,10 @@ void int4_quantize(const View* fake, const View* packed, const View* scale, cons
 // int32 (rows of any stride); scale [rows, 8 * words / group] float32; out and scale contiguous.
 void int4_unpack(const View& out, const RowsIn& packed, const DenseIn& scale, int64_t group, int num_threads);
 
-// Dynamic symmetric per-row INT8 (OPS.md section 3.1) of x[rows, cols] (row stride x_row_stride
-// elements): scale[r] = max |x[r, :]| / 127 and q[r, :] = clamp(round_half_even(x / scale),
+// Dynamic symmetric per-row INT8 (OPS.md section 3.1) of x [rows, K] (a float dtype; view.h
+// rows, K >= 1): scale[r] = max |x[r, :]| / 127 and q[r, :] = clamp(round_half_even(x / scale),
 // -127, 127) in float32; a row whose scale is 0 gets codes 0, a nan element code 0 (its row's
-// scale is nan). q [rows, cols] and scale [rows] contiguous; cols >= 1.
-void int8_quant(int8_t* q, float* scale, const void* x, int64_t rows, int64_t cols, int64_t x_row_stride,
-                DType dtype, int num_threads);
+// scale is nan). q [rows, K] int8 and scale (rows elements) float32, contiguous (any leading dims).
+void int8_quant(const View& q, const View& scale, const RowsIn& x, int num_threads);
 
 }  // namespace glm5

@@ -162,9 +162,10 @@ def test_reference_passes_every_case(op):
 
 
 # -- correct implementations with other arithmetic pass --------------------------------------
-def flash_sparse_attention(q, kv, indices, sm_scale, d_v, block=16):
+def flash_sparse_attention(q, kv, indices, sm_scale, d_v, block=16, p_dtype=torch.float32):
     """Online softmax over blocks of the selected rows, exp2 with log2(e) folded into the
-    scale (the usual kernel arithmetic), fp32 throughout."""
+    scale (the usual kernel arithmetic), fp32 accumulation; the weights P rounded to `p_dtype`
+    for the P @ V product (FlashMLA rounds them to the activation dtype)."""
     log2e = 1.4426950408889634
     valid = (indices >= 0) & (indices < kv.shape[0])
     rows = kv[torch.where(valid, indices, 0).long()].float()
@@ -178,7 +179,8 @@ def flash_sparse_attention(q, kv, indices, sm_scale, d_v, block=16):
         base = m_new.masked_fill(m_new == NEG_INF, 0.0)
         p, rescale = torch.exp2(z - base[..., None]), torch.exp2(m - base)
         l = l * rescale + p.sum(-1)
-        acc = acc * rescale[..., None] + torch.einsum("thk,tkd->thd", p, rows[:, s:s + block, :d_v])
+        p_v = p.to(p_dtype).float()
+        acc = acc * rescale[..., None] + torch.einsum("thk,tkd->thd", p_v, rows[:, s:s + block, :d_v])
         m = m_new
     out = torch.where(l[..., None] > 0, acc / l.clamp(min=1e-30)[..., None], 0.0)
     lse = torch.where(l > 0, (base + torch.log2(l.clamp(min=1e-30))) / log2e, NEG_INF)
@@ -190,6 +192,22 @@ def test_an_online_softmax_kernel_passes_the_attention_cases(hal_state):
     records = run(wrong_backend(hal_state, "flash", sparse_mla_attention=flash_sparse_attention),
                   "sparse_mla_attention")
     assert_only(records, set())
+
+
+@pytest.mark.slow
+def test_p_rounded_to_the_activation_dtype_passes_and_coarser_p_is_caught(hal_state):
+    """FlashMLA's arithmetic (P in the activation dtype for P @ V) is within the contract; P in
+    a coarser format than the activations (e4m3) is not."""
+    def p_like_q(q, kv, indices, sm_scale, d_v):
+        return flash_sparse_attention(q, kv, indices, sm_scale, d_v, p_dtype=q.dtype)
+
+    def p_in_fp8(q, kv, indices, sm_scale, d_v):
+        return flash_sparse_attention(q, kv, indices, sm_scale, d_v, p_dtype=torch.float8_e4m3fn)
+    assert_only(run(wrong_backend(hal_state, "flashp", sparse_mla_attention=p_like_q), "sparse_mla_attention"),
+                set())
+    records = run(wrong_backend(hal_state, "flashp8", sparse_mla_attention=p_in_fp8), "sparse_mla_attention")
+    failed = {case for case, r in records.items() if r.status == "fail"}
+    assert any("/bfloat16" in c for c in failed) and any("/float16" in c for c in failed), failed
 
 
 def test_other_summation_orders_pass_the_reduction_cases(hal_state):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu, quant_gemm
+from . import cpu
 from .native import _C, FLOATS, threads
 
 _I32 = torch.int32
@@ -32,7 +32,9 @@ def moe_unpermute(y, src, weights):
 @cpu.impl("grouped_gemm", dtypes=FLOATS)
 def grouped_gemm(x, w, tokens_per_expert):
     if x.dtype == torch.bfloat16:  # the MoE layer's dtype: native tiles (AMX / AVX-512 BF16 / AVX2)
-        return quant_gemm.grouped(quant_gemm.BF16_KIND, x, None, w, None, tokens_per_expert, x.dtype)
+        out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
+        _C.bf16_grouped_gemm(out, x, w, tokens_per_expert, threads())
+        return out
     # float16 / float32: torch's GEMMs (oneDNN/BLAS; float16 accumulates in float32 inside). What
     # is saved against the reference: no float32 copies of x and w, and each expert's product
     # lands in its slice of one output (no torch.cat).

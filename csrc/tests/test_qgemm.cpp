@@ -13,12 +13,16 @@
 
 #include "core.h"
 #include "qgemm.h"
+#include "view.h"
 #include "quant.h"
 #include "vec.h"
 
 #include "check.h"
 
+using glm5::dense;
 using glm5::DType;
+using glm5::strided;
+using glm5::View;
 
 namespace {
 
@@ -64,7 +68,7 @@ struct Layout {
 };
 
 // Compares out [m, n] (row stride ldo) with want, each element within
-// slack[i] + (ulp of the output dtype) * |want|; also that padding columns are untouched.
+// slack[i] + (ulp of the output dtype) * |want|.
 void compare(const char* what, const std::vector<uint8_t>& out, DType od, int64_t m, int64_t n, int64_t ldo,
              const std::vector<double>& want, const std::vector<double>& slack, int isa) {
   int bad = 0;
@@ -78,12 +82,6 @@ void compare(const char* what, const std::vector<uint8_t>& out, DType od, int64_
               (long long)j, got, w);
       }
     }
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = n; j < ldo; ++j)
-      if (out_value(out, od, i * ldo + j) != 7.0) {
-        CHECK(false, "%s isa %d: padding column %lld of row %lld written", what, isa, (long long)j, (long long)i);
-        return;
-      }
   ++g_checks;
 }
 
@@ -103,7 +101,7 @@ std::vector<uint8_t> sevens(DType od, int64_t elems) {
 
 void run_fp8(const Layout& lay, int64_t n, int64_t k, DType od, int isa, bool with_nan) {
   const int64_t m = lay.m(), e = static_cast<int64_t>(lay.counts.size());
-  const int64_t lda = k + 16, ldw = k + 3, wes = n * ldw + 5, ldo = n + 2;
+  const int64_t lda = k + 16, ldw = k + 3, wes = n * ldw + 5, ldo = n;
   const int64_t kb = k / 128, nb = (n + 127) / 128;
   std::vector<uint8_t> a(static_cast<size_t>(m * lda)), w(static_cast<size_t>(e * wes));
   for (auto& v : a) v = random_fp8();
@@ -129,14 +127,17 @@ void run_fp8(const Layout& lay, int64_t n, int64_t k, DType od, int isa, bool wi
         slack[row * n + j] = 1e-5 * mag + 1e-30;
       }
   auto out = sevens(od, m * ldo);
-  glm5::GemmOperand ao{a.data(), DType::F8E4M3, m, k, lda, as.data()};
-  glm5::GemmWeights wo{w.data(), DType::F8E4M3, e, n, k, wes, ldw, ws.data()};
-  glm5::GemmOutput oo{out.data(), od, ldo};
+  const View ao = strided(a.data(), DType::F8E4M3, {m, k}, {lda, 1}), asv = dense(as.data(), DType::F32, {m, kb});
+  const View oo = dense(out.data(), od, {m, n}), counts = dense(lay.counts.data(), DType::I32, {e});
   const std::string what = "fp8 m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
                            " e" + std::to_string(e);
   try {
-    if (e == 1 && !with_nan) glm5::fp8_block_gemm(oo, ao, wo, 2);
-    else glm5::fp8_grouped_gemm(oo, ao, wo, lay.counts.data(), 2);
+    if (e == 1 && !with_nan)
+      glm5::fp8_block_gemm(oo, ao, asv, strided(w.data(), DType::F8E4M3, {n, k}, {ldw, 1}),
+                           dense(ws.data(), DType::F32, {nb, kb}), 2);
+    else
+      glm5::fp8_grouped_gemm(oo, ao, asv, strided(w.data(), DType::F8E4M3, {e, n, k}, {wes, ldw, 1}),
+                             dense(ws.data(), DType::F32, {e, nb, kb}), counts, 2);
   } catch (const std::exception& ex) {
     CHECK(false, "%s threw %s", what.c_str(), ex.what());
     return;
@@ -148,7 +149,7 @@ void run_fp8(const Layout& lay, int64_t n, int64_t k, DType od, int isa, bool wi
 
 void run_int8(const Layout& lay, int64_t n, int64_t k, DType od, int isa, bool bias, bool extreme = false) {
   const int64_t m = lay.m(), e = static_cast<int64_t>(lay.counts.size());
-  const int64_t lda = k + 5, ldw = k + 1, wes = n * ldw + 3, ldo = n + 1;
+  const int64_t lda = k + 5, ldw = k + 1, wes = n * ldw + 3, ldo = n;
   std::vector<int8_t> x(static_cast<size_t>(m * lda)), w(static_cast<size_t>(e * wes));
   for (auto& v : x) v = static_cast<int8_t>(extreme ? -128 : randint(-128, 127));
   for (auto& v : w) v = static_cast<int8_t>(extreme ? -128 : randint(-128, 127));
@@ -168,14 +169,18 @@ void run_int8(const Layout& lay, int64_t n, int64_t k, DType od, int isa, bool b
         slack[row * n + j] = 4e-7 * (std::fabs(v) + (bias ? std::fabs(b[j]) : 0.0)) + 1e-30;  // float32 scaling
       }
   auto out = sevens(od, m * ldo);
-  glm5::GemmOperand xo{x.data(), DType::I8, m, k, lda, xs.data()};
-  glm5::GemmWeights wo{w.data(), DType::I8, e, n, k, wes, ldw, ws.data()};
-  glm5::GemmOutput oo{out.data(), od, ldo};
+  const View xo = strided(x.data(), DType::I8, {m, k}, {lda, 1}), xsv = dense(xs.data(), DType::F32, {m});
+  const View oo = dense(out.data(), od, {m, n}), counts = dense(lay.counts.data(), DType::I32, {e});
+  const glm5::DenseIn bv = dense(b.data(), DType::F32, {n});
   const std::string what = "int8 m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
                            " e" + std::to_string(e) + (bias ? " bias" : "");
   try {
-    if (e == 1) glm5::int8_gemm(oo, xo, wo, bias ? b.data() : nullptr, 2);
-    else glm5::int8_grouped_gemm(oo, xo, wo, lay.counts.data(), 2);
+    if (e == 1)
+      glm5::int8_gemm(oo, xo, xsv, strided(w.data(), DType::I8, {n, k}, {ldw, 1}), dense(ws.data(), DType::F32, {n}),
+                      bias ? &bv : nullptr, 2);
+    else
+      glm5::int8_grouped_gemm(oo, xo, xsv, strided(w.data(), DType::I8, {e, n, k}, {wes, ldw, 1}),
+                              dense(ws.data(), DType::F32, {e, n}), counts, 2);
   } catch (const std::exception& ex) {
     CHECK(false, "%s threw %s", what.c_str(), ex.what());
     return;
@@ -206,13 +211,13 @@ void run_bf16(const Layout& lay, int64_t n, int64_t k, int isa) {
         slack[row * n + j] = 1e-5 * mag + 1e-30;
       }
   std::vector<uint8_t> out(static_cast<size_t>(m * ldo * 2));
-  glm5::GemmOperand xo{x.data(), DType::BF16, m, k, lda, nullptr};
-  glm5::GemmWeights wo{w.data(), DType::BF16, e, n, k, wes, ldw, nullptr};
-  glm5::GemmOutput oo{out.data(), DType::BF16, ldo};
+  const View xo = strided(x.data(), DType::BF16, {m, k}, {lda, 1});
+  const View wo = strided(w.data(), DType::BF16, {e, n, k}, {wes, ldw, 1});
+  const View oo = dense(out.data(), DType::BF16, {m, n}), counts = dense(lay.counts.data(), DType::I32, {e});
   const std::string what = "bf16 m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
                            " e" + std::to_string(e);
   try {
-    glm5::bf16_grouped_gemm(oo, xo, wo, lay.counts.data(), 2);
+    glm5::bf16_grouped_gemm(oo, xo, wo, counts, 2);
   } catch (const std::exception& ex) {
     CHECK(false, "%s threw %s", what.c_str(), ex.what());
     return;
@@ -236,41 +241,49 @@ void test_invalid() {
   std::vector<float> as(4 * 2, 1.0f), ws(3 * 1 * 2, 1.0f);
   std::vector<uint8_t> out = sevens(DType::F32, 4 * 5);
   const auto untouched = out;
-  glm5::GemmOperand ao{a.data(), DType::F8E4M3, 4, 256, 256, as.data()};
-  glm5::GemmWeights wo{w.data(), DType::F8E4M3, 3, 5, 256, 5 * 256, 256, ws.data()};
-  glm5::GemmOutput oo{out.data(), DType::F32, 5};
-  const int32_t negative[3] = {5, -1, 0}, short_sum[3] = {1, 1, 1}, long_sum[3] = {2, 2, 1};
-  expect_invalid("negative count", "tokens_per_expert", [&] { glm5::fp8_grouped_gemm(oo, ao, wo, negative, 1); });
-  expect_invalid("counts below M", "tokens_per_expert", [&] { glm5::fp8_grouped_gemm(oo, ao, wo, short_sum, 1); });
-  expect_invalid("counts above M", "tokens_per_expert", [&] { glm5::fp8_grouped_gemm(oo, ao, wo, long_sum, 1); });
-  glm5::GemmWeights none = wo;
-  none.experts = 0;
-  expect_invalid("no experts", "tokens_per_expert", [&] { glm5::fp8_grouped_gemm(oo, ao, none, nullptr, 1); });
-  glm5::GemmOperand k200 = ao;
-  k200.cols = 200;
-  glm5::GemmWeights wk200 = wo;
-  wk200.cols = 200;
-  const int32_t ok[3] = {1, 2, 1};
-  expect_invalid("K % 128", "a", [&] { glm5::fp8_grouped_gemm(oo, k200, wk200, ok, 1); });
-  glm5::GemmWeights wk = wo;
-  wk.cols = 128;
-  expect_invalid("K mismatch", "w", [&] { glm5::fp8_grouped_gemm(oo, ao, wk, ok, 1); });
-  glm5::GemmOutput bad_out = oo;
-  bad_out.dtype = DType::I32;
-  expect_invalid("out dtype", "out_dtype", [&] { glm5::fp8_grouped_gemm(bad_out, ao, wo, ok, 1); });
-  glm5::GemmOperand bf = ao;
-  bf.dtype = DType::BF16;
-  expect_invalid("a dtype", "a", [&] { glm5::fp8_grouped_gemm(oo, bf, wo, ok, 1); });
-  expect_invalid("dense with experts", "w", [&] { glm5::fp8_block_gemm(oo, ao, wo, 1); });
+  const View ao = dense(a.data(), DType::F8E4M3, {4, 256}), asv = dense(as.data(), DType::F32, {4, 2});
+  const View wo = dense(w.data(), DType::F8E4M3, {3, 5, 256}), wsv = dense(ws.data(), DType::F32, {3, 1, 2});
+  const View oo = dense(out.data(), DType::F32, {4, 5});
+  std::vector<int32_t> negative{5, -1, 0}, short_sum{1, 1, 1}, long_sum{2, 2, 1}, ok{1, 2, 1};
+  auto counts = [](std::vector<int32_t>& c) { return dense(c.data(), DType::I32, {static_cast<int64_t>(c.size())}); };
+  auto grouped = [&](const View& o, const View& av, const View& wv, const View& wsw, const View& cv) {
+    glm5::fp8_grouped_gemm(o, av, asv, wv, wsw, cv, 1);
+  };
+  expect_invalid("negative count", "tokens_per_expert", [&] { grouped(oo, ao, wo, wsv, counts(negative)); });
+  expect_invalid("counts below M", "tokens_per_expert", [&] { grouped(oo, ao, wo, wsv, counts(short_sum)); });
+  expect_invalid("counts above M", "tokens_per_expert", [&] { grouped(oo, ao, wo, wsv, counts(long_sum)); });
+  expect_invalid("no experts", "tokens_per_expert", [&] {
+    grouped(oo, ao, dense(w.data(), DType::F8E4M3, {0, 5, 256}), dense(ws.data(), DType::F32, {0, 1, 2}),
+            dense(ok.data(), DType::I32, {0}));
+  });
+  expect_invalid("counts of another length", "tokens_per_expert", [&] {
+    grouped(oo, ao, wo, wsv, dense(ok.data(), DType::I32, {2}));
+  });
+  expect_invalid("K % 128", "a", [&] {
+    grouped(oo, dense(a.data(), DType::F8E4M3, {4, 200}), dense(w.data(), DType::F8E4M3, {3, 5, 200}), wsv,
+            counts(ok));
+  });
+  expect_invalid("K mismatch", "w", [&] { grouped(oo, ao, dense(w.data(), DType::F8E4M3, {3, 5, 128}), wsv, counts(ok)); });
+  expect_invalid("w_scale rows", "w_scale", [&] { grouped(oo, ao, wo, dense(ws.data(), DType::F32, {3, 2, 1}), counts(ok)); });
+  expect_invalid("out dtype", "out_dtype", [&] { grouped(dense(out.data(), DType::I32, {4, 5}), ao, wo, wsv, counts(ok)); });
+  expect_invalid("out shape", "out", [&] { grouped(dense(out.data(), DType::F32, {5, 4}), ao, wo, wsv, counts(ok)); });
+  expect_invalid("a dtype", "a", [&] { grouped(oo, dense(a.data(), DType::BF16, {4, 128}), wo, wsv, counts(ok)); });
+  expect_invalid("w strided along K", "w", [&] {
+    grouped(oo, ao, strided(w.data(), DType::F8E4M3, {3, 5, 128}, {5 * 256, 256, 2}), wsv, counts(ok));
+  });
+  expect_invalid("dense with experts", "w", [&] { glm5::fp8_block_gemm(oo, ao, asv, wo, wsv, 1); });
   std::vector<int8_t> xi(1), wi(1);
   float one = 1.0f;
-  glm5::GemmOperand big{xi.data(), DType::I8, 1, 131072, 131072, &one};
-  glm5::GemmWeights wbig{wi.data(), DType::I8, 1, 1, 131072, 131072, 131072, &one};
-  expect_invalid("int8 K beyond int32", "x", [&] { glm5::int8_gemm(oo, big, wbig, nullptr, 1); });
+  expect_invalid("int8 K beyond int32", "x", [&] {
+    glm5::int8_gemm(oo, strided(xi.data(), DType::I8, {1, 131072}, {0, 1}), dense(&one, DType::F32, {1}),
+                    strided(wi.data(), DType::I8, {1, 131072}, {0, 1}), dense(&one, DType::F32, {1}), nullptr, 1);
+  });
   CHECK(out == untouched, "an invalid call wrote its output");
   std::vector<int8_t> q(3);
   float s;
-  expect_invalid("int8_quant K = 0", "x", [&] { glm5::int8_quant(q.data(), &s, a.data(), 1, 0, 0, DType::F32, 1); });
+  expect_invalid("int8_quant K = 0", "x", [&] {
+    glm5::int8_quant(dense(q.data(), DType::I8, {1, 0}), dense(&s, DType::F32, {1}), dense(a.data(), DType::F32, {1, 0}), 1);
+  });
 }
 
 // ---- int8_quant --------------------------------------------------------------------------------
@@ -295,7 +308,8 @@ void test_int8_quant(int isa) {
     for (int64_t j = 0; j < cols; ++j) put(2 * ld + j, ties[j % 8]);
     std::vector<int8_t> q(static_cast<size_t>(rows * cols));
     std::vector<float> scale(static_cast<size_t>(rows));
-    glm5::int8_quant(q.data(), scale.data(), raw.data(), rows, cols, ld, d, 2);
+    glm5::int8_quant(dense(q.data(), DType::I8, {rows, cols}), dense(scale.data(), DType::F32, {rows}),
+                     strided(raw.data(), d, {rows, cols}, {ld, 1}), 2);
     for (int64_t r = 0; r < rows; ++r) {
       float amax = 0;
       for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(vals[r * ld + j]));
