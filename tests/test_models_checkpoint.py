@@ -1,6 +1,6 @@
 """GLM5ForCausalLM.from_pretrained / save_pretrained: HF-layout checkpoint directories, BF16 and
-FP8 (DeepSeek-V3 / GLM-5-FP8 block format), sharded, INT8 conversion at load, the errors and the
-MTP layer.
+FP8 (DeepSeek-V3 / GLM-5-FP8 block format), sharded, INT8 conversion at load, the errors, the
+MTP layer, and `glm5-hal demo --checkpoint`.
 
 The FP8 checkpoints are written here from a BF16 model's weights, quantized per 128 x 128 block
 in plain torch (independently of glm5_hal), as DeepSeek-V3's FP8 conversion does: scale =
@@ -8,6 +8,7 @@ block amax / 448, weight / scale rounded to e4m3, the scale stored as `weight_sc
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import glm5_hal as hal
+from glm5_hal import cli
 from glm5_hal.models import CheckpointError, GLM5Config, GLM5ForCausalLM, SkippedTensorsWarning, record_ops
 from glm5_hal.models.quantized import Fp8Experts, Fp8Linear, Int8Experts, Int8Linear
 
@@ -439,3 +441,36 @@ def test_int8_conversion_runs_the_int8_gemms_and_tracks_the_float_model(tmp_path
     from_fp8 = GLM5ForCausalLM.from_pretrained(root, dtype=torch.float32, quantize="int8")
     assert from_fp8.checkpoint_info.linear_formats == {"int8": 51, "float": 6}
     assert relative_rms(logits(from_fp8, ids), logits(full, ids)) <= 0.15
+
+
+# -- the demo -------------------------------------------------------------------------------------------
+def test_demo_generates_from_a_checkpoint(tmp_path, capsys):
+    root, _ = fp8_checkpoint(tmp_path / "fp8")
+    assert cli.main(["demo", "--checkpoint", str(root), "--tokens", "3", "--prompt-ids", "5,6,7,8"]) == 0
+    out = capsys.readouterr().out
+    assert f"the model of {root}" in out and "FP8 checkpoint" in out and "54 FP8" in out
+    assert "prompt (4 tokens): 5 6 7 8" in out
+    generated = next(line for line in out.splitlines() if line.startswith("generated"))
+    assert len(generated.split(":")[1].split()) == 3
+    for op in ("fp8_block_gemm", "fp8_block_quant", "fp8_grouped_gemm"):
+        assert op in out
+    assert cli.main(["demo", "--checkpoint", str(root), "--tokens", "2", "--quantize", "int8"]) == 0
+    assert "int8_grouped_gemm" in capsys.readouterr().out
+    assert cli.main(["demo", "--checkpoint", str(tmp_path / "missing"), "--tokens", "2"]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert cli.main(["demo", "--checkpoint", str(root), "--prompt", "hello"]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+
+
+def test_demo_encodes_and_decodes_with_the_checkpoints_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from glm5_hal.models import demo
+    root = bf16_checkpoint(tmp_path / "bf16")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "hello", "world"] + [f"w{i}" for i in range(509)])}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.save(str(root / "tokenizer.json"))
+    out = io.StringIO()
+    result = demo.run(tokens=2, checkpoint=root, prompt="hello world w7", out=out)
+    assert result["prompt"] == [1, 2, 10]
+    assert "prompt text: 'hello world w7'" in out.getvalue() and "generated text: " in out.getvalue()
