@@ -399,8 +399,21 @@ def test_directory_and_argument_errors(tmp_path):
     # an index naming a file that is not there
     model = GLM5ForCausalLM.from_pretrained(root)
     model.save_pretrained(tmp_path / "sharded", max_shard_size="300KB")
+    index_file = tmp_path / "sharded" / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    files = list(index["weight_map"].values())
+    name, file = next((n, f) for n, f in index["weight_map"].items() if files.count(f) > 1)
+    index["weight_map"].pop(name)
+    index_file.write_text(json.dumps(index))
+    _raises_naming(tmp_path / "sharded", name, "listed in model.safetensors.index.json")
+    index["weight_map"][name] = "model-00013-of-00013.safetensors" if file != "model-00013-of-00013.safetensors" \
+        else "model-00001-of-00013.safetensors"
+    index_file.write_text(json.dumps(index))
+    _raises_naming(tmp_path / "sharded", name, "where model.safetensors.index.json puts it")
+    index["weight_map"][name] = file
+    index_file.write_text(json.dumps(index))
     (tmp_path / "sharded" / "model-00002-of-00013.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="model-00002-of-00013.safetensors"):
+    with pytest.raises(CheckpointError, match="model-00002-of-00013.safetensors.*no such file"):
         GLM5ForCausalLM.from_pretrained(tmp_path / "sharded")
 
 

@@ -264,9 +264,11 @@ def _scan(root: Path) -> dict[str, _Entry]:
             raise InvalidInputError(OP_LOAD, file, "a readable safetensors file", str(e)) from None
     if index is not None:
         for name, entry in entries.items():
-            if index.get(name) != entry.file:
-                raise CheckpointError(OP_LOAD, name, f"where {INDEX_FILE} puts it ({index.get(name)})",
-                                      f"found in {entry.file}", entry.file)
+            if name not in index:
+                raise CheckpointError(OP_LOAD, name, f"listed in {INDEX_FILE}", "not listed", entry.file)
+            if index[name] != entry.file:
+                raise CheckpointError(OP_LOAD, name, f"in {index[name]}, where {INDEX_FILE} puts it",
+                                      f"in {entry.file}", entry.file)
         for name, file in index.items():
             if name not in entries:
                 raise CheckpointError(OP_LOAD, name, f"in {file} (as {INDEX_FILE} says)", "not in that file", file)
