@@ -146,6 +146,10 @@ class Fp8Experts(_FixedDtypes):
         return ops.fp8_grouped_gemm(a, a_scale, self.down_proj, self.down_proj_scale_inv, tokens_per_expert,
                                     rows.dtype)
 
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, intermediate_size={self.intermediate_size}, fp8 e4m3 128x128 blocks"
+                + (f", activation scales {self.scale_fmt}" if self.scale_fmt else ""))
+
 
 class Int8Experts(_FixedDtypes):
     """`mlp.experts` in W8A8: `gate_up_proj` int8 [E, 2I, H] with `gate_up_proj_scale` [E, 2I],
@@ -170,6 +174,9 @@ class Int8Experts(_FixedDtypes):
                                         rows.dtype)
         q, scale = ops.int8_quant(ops.silu_and_mul(gate_up))
         return ops.int8_grouped_gemm(q, scale, self.down_proj, self.down_proj_scale, tokens_per_expert, rows.dtype)
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, intermediate_size={self.intermediate_size}, int8 per-channel scales"
 
 
 @torch.no_grad()
