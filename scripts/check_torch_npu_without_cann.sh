@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks glm5_hal against the real torch_npu wheel on a machine without CANN (issue 6).
 #
-# The wheel goes into a private folder with `pip install --no-deps --target` (cached under
-# build/, never into .venv: there it would break `import torch` for everything else) and is
-# put on PYTHONPATH for the two commands under test:
+# The wheel goes into a private folder (scripts/fetch_torch_npu.sh: `pip install --no-deps
+# --target`, cached under build/, never into .venv: there it would break `import torch` for
+# everything else) and is put on PYTHONPATH for the two commands under test:
 #   1. `glm5-hal doctor` explains why `import torch` fails: torch auto-loads torch_npu from
 #      the `torch.backends` entry-point group and torch_npu cannot load libhccl.so;
 #   2. with TORCH_DEVICE_BACKEND_AUTOLOAD=0, `glm5-hal backends` lists `ascend` as
@@ -13,14 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 VERSION=${TORCH_NPU_VERSION:-2.13.0}
-TARGET=${TORCH_NPU_TARGET:-build/torch_npu/torch_npu-$VERSION}
-
-if [ ! -f "$TARGET/.complete" ]; then
-  rm -rf "$TARGET"
-  mkdir -p "$(dirname "$TARGET")"
-  "$VENV/bin/python" -m pip install -q --no-deps --target "$TARGET" "torch-npu==$VERSION"
-  touch "$TARGET/.complete"
-fi
+TARGET=$(VENV=$VENV TORCH_NPU_VERSION=$VERSION scripts/fetch_torch_npu.sh)
 export PYTHONPATH="$PWD/$TARGET${PYTHONPATH:+:$PYTHONPATH}"
 unset TORCH_DEVICE_BACKEND_AUTOLOAD
 

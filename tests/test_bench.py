@@ -183,3 +183,29 @@ def test_cli_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys):
 def test_threads_are_torchs():
     assert dispatch.measure(["silu_and_mul"], repeats=1, min_time=0.001)[0]["chosen"] == "cpu.silu_and_mul"
     assert torch.get_num_threads() >= 1
+
+
+def test_the_decode_batch_can_be_overridden_for_the_gpu_targets():
+    glm5 = {c.op: c for c in bench_cases.cases("glm5", batch=64)}
+    # issue 14: sparse_mla_decode_paged at B=64, 64 heads, top-2048, d_qk 576, d_v 512
+    assert glm5["sparse_mla_decode_paged"].flops == 2 * 64 * 64 * 2048 * (576 + 512)
+    assert "B=64" in glm5["sparse_mla_decode_paged"].label
+    assert "B=64 ctx=32768" in {c.op: c for c in bench_cases.cases("long", batch=64)}["indexer_topk_paged"].label
+
+
+def test_datasheet_peaks_give_both_percentages_and_a_column():
+    roof = dataclasses.replace(ROOF, device="NVIDIA H200", peak_gflops=1000.0, peak_gbps=20.0)
+    assert roof.peak_percents(1.0, 500e9, 10e9) == (50.0, 50.0)
+    assert ROOF.peak_percents(1.0, 500e9, 10e9) == (None, None)
+    case = next(c for c in bench_cases.cases("tiny") if c.op == "rms_norm")
+    rows = [runner.Timing("reference", 1.0, 1.0, 10.0, "bytes", peak_flops_pct=None, peak_bytes_pct=12.5)]
+    assert "% peak f/b" in runner.format_header(roof) and "-/12.5" in runner.format_rows(case, rows, roof)
+    assert "NVIDIA H200: torch's GEMMs" in runner.format_header(roof)
+    assert roof.compute_limit("bf16")[1] == "bf16 GEMM"
+
+
+def test_bench_on_a_device_torch_does_not_have_is_an_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert cli.main(["bench", "--device", "cuda", "--preset", "tiny", "--op", "rms_norm"]) == 2
+    assert "bench --device cuda: torch has no available cuda device here" in capsys.readouterr().err

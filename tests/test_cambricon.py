@@ -170,17 +170,46 @@ def test_capabilities_per_generation(chip, label, bf16, fp8):
         f"{emulator.capability[0]}.{emulator.capability[1]}), torch_mlu_ops 1.12.1+torch2.11.0")
     caps = backend.cached_capabilities()
     assert caps.dist_backend == "cncl" and caps.device_name == emulator.device_name
-    assert caps.dtypes == {F32, F16} | ({BF16} if bf16 else set()) | ({FP8} if fp8 else set())
+    assert caps.dtypes == {F32, F16, torch.int8} | ({BF16} if bf16 else set()) | ({FP8} if fp8 else set())
     assert (caps.limits["generation"], caps.limits["bf16"], caps.limits["fp8"]) == (label, bf16, fp8)
+    assert caps.limits["fp8_source"] == ("torch.mlu.is_fp8_supported() is True" if fp8 else
+                                         "this torch_mlu has no is_fp8_supported() (the public torch_mlu @d578002c "
+                                         "has none), so none is declared")
     assert caps.limits["bang_kernels"].startswith("cambricon kernel not built")
     assert backend.versions()["torch_mlu_ops"] == "1.12.1+torch2.11.0"
+
+
+def test_fp8_is_declared_only_by_the_installed_torch_mlu(register):
+    """No public source ties FP8 to a capability major: a capability-6 MLU whose torch_mlu
+    has no is_fp8_supported() (like the public one) gets no FP8; one that says False neither."""
+    for query in (None, False):
+        backend = emulated("cap6", fp8_query=query)
+        assert backend.availability().available and FP8 not in backend.cached_capabilities().dtypes
+
+
+@pytest.mark.parametrize("version,why", [
+    ("1.12.0", "torch_mlu_ops 1.12.0 is older than 1.12.1, the oldest version tmo_api was read from"),
+    ("1.13.0+torch2.12.0", "torch_mlu_ops 1.13.0+torch2.12.0 is newer than 1.12.1, the newest version tmo_api was "
+                           "verified against"),
+])
+def test_a_torch_mlu_ops_other_than_the_public_one_narrows_every_tmo_adapter(register, version, why):
+    """Only torch_mlu_ops 1.12.1 is public, so the argument orders of other versions are
+    unknown: every adapter calling tmo declines, saying so; glm5_hal's own kernel stays."""
+    backend = register(emulated("MLU590", tmo_version=version))
+    assert backend.availability().reason.endswith(f"; narrowed to what is verified (tmo_api: {why})")
+    x = torch.randn(3, 16)
+    for op, args in (("rms_norm", (x, torch.ones(16), 1e-5)), ("silu_and_mul", (x,)),
+                     ("moe_permute", (x, torch.zeros(3, 1, dtype=I32), 2)),
+                     ("grouped_gemm", (x, torch.randn(1, 4, 16), torch.tensor([3], dtype=I32)))):
+        assert rejection(op, *args) == f"tmo_api unverified here: {why}", op
+    assert not backend.runtime.tmo.calls
 
 
 def test_bf16_is_refused_on_an_mlu370_with_a_capability_reason(register):
     register(emulated("MLU370"))
     x, w = torch.randn(3, 16).to(BF16), torch.ones(16, dtype=BF16)
     assert rejection("rms_norm", x, w, 1e-5) == ("device MLU370-X8 does not support bfloat16 "
-                                                 "(capabilities: {float16, float32})")
+                                                 "(capabilities: {float16, float32, int8})")
     with expect_fallback("does not support bfloat16"):
         out = hal.ops.rms_norm(x, w, 1e-5)
     close(out, ref.rms_norm(up(x), up(w), 1e-5), BF16)
@@ -392,47 +421,30 @@ def test_kv_cache_gather(mlu):
         "tmo.reshape_from_cache reads a contiguous paged cache")
 
 
-def test_indexer_k_cache_write_on_an_fp8_mlu(register):
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_indexer_k_cache_write_on_an_fp8_mlu(register, scale_fmt):
+    """Quantised on the device by the contract's rule (scale floor, ue8m0 when asked), rows and
+    scales written with tmo.reshape_paged_cache, which skips -1 slots: no host read, nothing
+    declined (tmo.quant_to_paged_cache has no floor, no ue8m0 and no documented -1 slots)."""
     backend = register(emulated("cap6"))
     g = seeded(12)
     k = torch.randn(5, 128, generator=g).to(BF16)
+    k[3] = 1e-6                                   # below the 1e-4 amax floor
     slots = torch.tensor([3, -1, 0, 9, 4], dtype=I32)
     got = (torch.zeros(3, 4, 128, dtype=FP8), torch.zeros(3, 4))
     want = (got[0].clone(), got[1].clone())
-    hal.ops.indexer_k_cache_write(k, got[0], got[1], slots)
-    ref.indexer_k_cache_write(k, want[0], want[1], slots)
-    torch.testing.assert_close(got[1], want[1], rtol=1.3e-6, atol=0)
-    torch.testing.assert_close(got[0].float() * got[1][..., None], want[0].float() * want[1][..., None],
-                               rtol=0.125, atol=1e-6)
-    assert backend.runtime.tmo.calls["quant_to_paged_cache"] == 1
+    assert chosen("indexer_k_cache_write", k, got[0], got[1], slots, scale_fmt) == f"{EMU}.indexer_k_cache_write"
+    hal.ops.indexer_k_cache_write(k, got[0], got[1], slots, scale_fmt)
+    ref.indexer_k_cache_write(k, want[0], want[1], slots, scale_fmt)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int8), want[0].view(torch.int8))
+    assert backend.runtime.tmo.calls["reshape_paged_cache"] == 2
 
 
-def test_indexer_k_cache_write_declines(register):
-    backend = register(emulated("cap6"))
-    k, cache, scale = torch.randn(2, 128).to(BF16), torch.zeros(2, 4, 128, dtype=FP8), torch.zeros(2, 4)
-    slots = torch.tensor([0, 1], dtype=I32)
-    assert rejection("indexer_k_cache_write", k, cache, scale, slots, "ue8m0") == (
-        "tmo.quant_to_paged_cache writes plain amax/448 scales, not scale_fmt='ue8m0'")
-    tiny = k.clone()
-    tiny[1] = 1e-6
-    assert rejection("indexer_k_cache_write", tiny, cache, scale, slots, None).startswith(
-        "a row's amax is below 0.0001: tmo.quant_to_paged_cache scales by amax/448 with no floor")
-    tiny_padding = torch.tensor([0, -1], dtype=I32)   # the small row is padding: nothing to decline
-    assert chosen("indexer_k_cache_write", tiny, cache, scale, tiny_padding, None) == f"{EMU}.indexer_k_cache_write"
-    assert backend.runtime.tmo.calls["quant_to_paged_cache"] == 0
-
-
-def test_indexer_k_cache_write_needs_an_fp8_mlu(mlu):
+def test_indexer_k_cache_write_needs_a_declared_fp8_mlu(mlu):
     k, cache, scale = torch.randn(2, 128).to(BF16), torch.zeros(2, 4, 128, dtype=FP8), torch.zeros(2, 4)
     assert rejection("indexer_k_cache_write", k, cache, scale, torch.tensor([0, 1], dtype=I32), None) == (
-        "MLU590 (capability 5.0) has no FP8 (torch_mlu: FP8 needs capability major >= 6)")
-
-
-def test_the_emulator_refuses_padding_slots_in_quant_to_paged_cache():
-    tmo = MluEmulator("cap6").tmo
-    with pytest.raises(NotEmulatedError, match="negative"):
-        tmo.quant_to_paged_cache(torch.ones(1, 1, 8), None, torch.zeros(1, 1, 4, 8, dtype=FP8), None,
-                                 torch.zeros(1, 1, 4), None, torch.tensor([-1], dtype=I32))
+        "MLU590 (capability 5.0) has no FP8: this torch_mlu has no is_fp8_supported() (the public torch_mlu "
+        "@d578002c has none), so none is declared")
 
 
 # -- DSA -----------------------------------------------------------------------------------------
@@ -500,9 +512,20 @@ def test_indexer_topk_paged_declines(mlu):
     many = torch.randn(1, 2, 65, 128).to(BF16)
     assert rejection("indexer_topk_paged", many, cache, torch.rand(1, 2, 65), table, context, 4) == (
         "tmo.masked_indexer_select_paged_kv takes at most 64 heads, got 65")
-    short = torch.tensor([1], dtype=I32)
-    assert rejection("indexer_topk_paged", q, cache, w, table, short, 4).startswith(
-        "tmo.masked_indexer_select_paged_kv needs every context_len >= N = 2")
+
+
+def test_indexer_topk_paged_with_contexts_shorter_than_the_queries(mlu):
+    """Query i of N sees [0, ctx - N + i + 1): with ctx < N the first queries see nothing. Each
+    (sequence, query) is its own decode row, so no row asks the op for more queries than keys,
+    and nothing about the lengths is read on the host."""
+    g = seeded(15)
+    cache, table = paged_keys(g, [2, 9], 16, 128, BF16)
+    context = torch.tensor([2, 0], dtype=I32)
+    q, w = torch.randn(2, 3, 8, 128, generator=g).to(BF16), torch.rand(2, 3, 8, generator=g)
+    assert chosen("indexer_topk_paged", q, cache, w, table, context, 4) == f"{EMU}.indexer_topk_paged"
+    out = hal.ops.indexer_topk_paged(q, cache, w, table, context, 4)
+    assert out[0, 0].tolist() == [-1] * 4 and bool(out[1].eq(-1).all())
+    assert sorted(out[0, 1].tolist()) == [-1, -1, -1, 0] and sorted(out[0, 2].tolist()) == [-1, -1, 0, 1]
 
 
 def sparse_decode_inputs(g, dtype):
@@ -562,11 +585,12 @@ def test_conformance_tiny_preset_on_the_emulated_backend(register, chip):
 
 
 def declined_everywhere(chip: str) -> set[str]:
-    """Ops this emulated backend declines for every input: the BANG C kernel is not built here,
-    and FP8 needs an FP8 MLU."""
-    ops = {"sparse_mla_decode_paged"}
+    """Ops this emulated backend declines for every tiny input: the BANG C kernel is not built
+    here, FP8 needs an MLU that declares it."""
+    ops = {"sparse_mla_decode_paged",
+           "fp8_grouped_gemm"}   # per-block FP8 needs N % 128 == 0: no tiny grouped case has it
     if chip != "cap6":
-        ops.add("indexer_k_cache_write")
+        ops |= {"indexer_k_cache_write", "fp8_block_gemm"}
     return ops
 
 
@@ -647,3 +671,60 @@ def test_a_kernel_library_that_does_not_load_is_a_reason(tmp_path):
     broken = tmp_path / "libglm5_hal_cambricon_kernels.so"
     broken.write_text("not an ELF file")
     assert KernelLibrary(broken).missing().startswith("cambricon kernel library does not load: ")
+
+
+# -- the checkpoints' quantized GEMMs: tmo.smooth_quant_group_gemm ---------------------------------
+def int8_inputs(g, m=9, n=24, k=40, experts=None):
+    x, x_scale = ref.int8_quant(torch.randn(m, k, generator=g))
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    return x, x_scale, w, torch.rand(*shape[:-1], generator=g) * 0.01 + 0.001
+
+
+def fp8_inputs(g, m=7, n=256, k=384, experts=None):
+    a, a_scale = ref.fp8_block_quant(torch.randn(m, k, generator=g), 128)
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = (torch.randn(*shape, generator=g) * 100).clamp(-448, 448).to(FP8)
+    return a, a_scale, w, torch.rand(*shape[:-2], -(-n // 128), k // 128, generator=g) * 0.01 + 0.001
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, F16])
+def test_int8_gemms_through_smooth_quant_group_gemm(mlu, out_dtype):
+    g = seeded(40)
+    x, x_scale, w, w_scale = int8_inputs(g)
+    args = (x, x_scale, w, w_scale, out_dtype, None)
+    assert chosen("int8_gemm", *args) == f"{EMU}.int8_gemm"
+    close(hal.ops.int8_gemm(*args), ref.int8_gemm(*args), out_dtype)
+    counts = torch.tensor([4, 0, 3, 2], dtype=I32)
+    x, x_scale, w, w_scale = int8_inputs(g, experts=4)
+    grouped = (x, x_scale, w, w_scale, counts, out_dtype)
+    assert chosen("int8_grouped_gemm", *grouped) == f"{EMU}.int8_grouped_gemm"
+    close(hal.ops.int8_grouped_gemm(*grouped), ref.int8_grouped_gemm(*grouped), out_dtype)
+    assert mlu.tmo.calls["smooth_quant_group_gemm"] == 2
+
+
+def test_int8_gemms_decline_a_float32_output_or_bias(mlu):
+    x, x_scale, w, w_scale = int8_inputs(seeded(41))
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, F32, None) == (
+        "tmo.smooth_quant_group_gemm writes half or bfloat16 only (its dtype argument), not float32")
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, BF16, torch.zeros(24)) == (
+        "tmo.smooth_quant_group_gemm takes its bias in half/bfloat16 (Type: bias): the float32 bias would round "
+        "before it is added")
+
+
+def test_fp8_gemms_through_the_per_block_mode_on_an_fp8_mlu(register):
+    backend = register(emulated("cap6"))
+    g = seeded(42)
+    a, a_scale, w, w_scale = fp8_inputs(g)
+    args = (a, a_scale, w, w_scale, BF16)
+    assert chosen("fp8_block_gemm", *args) == f"{EMU}.fp8_block_gemm"
+    close(hal.ops.fp8_block_gemm(*args), ref.fp8_block_gemm(*args), BF16)
+    counts = torch.tensor([2, 0, 5], dtype=I32)
+    a, a_scale, w, w_scale = fp8_inputs(g, experts=3)
+    grouped = (a, a_scale, w, w_scale, counts, F16)
+    close(hal.ops.fp8_grouped_gemm(*grouped), ref.fp8_grouped_gemm(*grouped), F16)
+    assert backend.runtime.tmo.calls["smooth_quant_group_gemm"] == 2
+    a, a_scale, w, w_scale = fp8_inputs(g, n=200)
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, BF16) == (
+        "tmo.smooth_quant_group_gemm's per-block FP8 mode needs N a whole number of blocks (n_block * "
+        "n_block_size == n), got N = 200")

@@ -3,7 +3,8 @@ no GPU here, and neither mcc (MUSA) nor hipcc (DCU). What is checked:
 
 * the C ABI header and the ctypes signatures / constants agree;
 * every CUDA runtime name the sources use is mapped by both vendor glue headers;
-* every source compiles with nvcc for sm_90 without warnings (slow);
+* (the nvcc build itself, every architecture, warnings as errors, is CMake's: make setup;
+  tests/test_cuda_backend.py reads back what it embedded);
 * the float16 / bfloat16 / FP8 bit conversions, compiled for the host with g++, equal
   torch's on every 16-bit and 8-bit pattern and on rounding ties (slow);
 * the nvcc-built library loads, and every launcher's arguments pass the kernels' host-side
@@ -18,7 +19,6 @@ import ctypes
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -89,24 +89,6 @@ def test_every_cuda_runtime_name_the_sources_use_is_mapped_by_the_glue(target):
         used |= set(re.findall(r"\bcuda[A-Z]\w*", path.read_text()))
     mapped = set(re.findall(r"#define (cuda\w+) ", GLUE[target].read_text()))
     assert used and used <= mapped, used - mapped
-
-
-def nvcc() -> str:
-    found = shutil.which("nvcc") or next((str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.exists()), None)
-    if found is None:
-        pytest.skip("nvcc not found: the CUDA-dialect sources cannot be compiled here")
-    return found
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
-def test_every_source_compiles_with_nvcc_without_warnings(source, tmp_path):
-    result = subprocess.run(
-        [nvcc(), "-c", "-std=c++17", "-O2", "-arch=sm_90", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
-         "-I", str(gpu.HERE / "include"), "-I", str(INCLUDE_DIR), "-I", str(gpu.SOURCES),
-         "-o", str(tmp_path / "kernel.o"), str(source)],
-        capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
 
 
 # -- numeric conversions on the host -------------------------------------------------------------
@@ -200,7 +182,8 @@ def test_a_missing_library_is_a_reason_not_an_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def cuda_build() -> GpuKernelLibrary:
-    library = GpuKernelLibrary(gpu.cuda_library(), label="CUDA kernel", target="cuda", hint="install with nvcc")
+    from glm5_hal.backends.cuda.kernels import cuda_kernels
+    library = cuda_kernels()
     if library.missing():
         pytest.skip(f"the nvcc build is not usable: {library.missing()}")
     return library
@@ -350,6 +333,26 @@ def test_simulated_sparse_mla_decode_rescales_when_a_later_chunk_holds_the_maxim
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("heads, dqk, d_v", [(40, 101, 72), (17, 640, 600)], ids=["two-groups-of-32", "wide-d_v"])
+def test_simulated_sparse_mla_decode_serves_every_head_group(simulated, heads, dqk, d_v):
+    """A block serves one token and a group of heads (32, or 16 when d_v > 512): more heads
+    than one group, a Dqk that is not a multiple of the 64-dim chunks, and a tile of 64 rows
+    with no valid position between valid ones (skipped as a whole)."""
+    g = seeded(27)
+    q = torch.randn(1, 2, heads, dqk, generator=g).to(torch.bfloat16)
+    cache = torch.randn(9, 16, dqk, generator=g).to(torch.bfloat16)
+    table = torch.tensor([[4, 0, 7, 2, 8, 1]], dtype=torch.int32)
+    lens = torch.tensor([90], dtype=torch.int32)
+    indices = torch.randint(0, 90, (1, 2, 150), generator=g, dtype=torch.int32)
+    indices[:, :, 64:128] = -1  # the second tile: nothing to read
+    indices[0, 1, 140:] = 90    # past the context: invalid
+    out, lse = simulated.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.09, d_v, 0)
+    ref_out, ref_lse = hal.reference.sparse_mla_decode_paged(q, cache, table, lens, indices, 0.09, d_v)
+    torch.testing.assert_close(out, ref_out, rtol=1.6e-2, atol=1e-3)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_simulated_indexer_topk_selects_the_reference_set(simulated):
     g = seeded(21)
     tokens, heads, dim, keys = 6, 3, 16, 700
@@ -439,7 +442,7 @@ def test_backend_adapters_on_the_simulated_kernels_match_the_reference(simulated
     else:
         from glm5_hal.backends.dcu import DcuBackend
         from emulators.dcu import DcuEmulator
-        backend = DcuBackend(runtime=DcuEmulator("K100_AI", lightop=False), name="gpu_sim", device_type="cpu",
+        backend = DcuBackend(runtime=DcuEmulator("K100_AI", lightop=None), name="gpu_sim", device_type="cpu",
                              priority=1000)
     backend.kernels = simulated
     plugin = types.ModuleType("gpu_sim_plugin")

@@ -1,7 +1,8 @@
 """The Hygon DCU backend: which torch stacks it claims (only a DTK build, never NVIDIA CUDA or
-AMD ROCm), probe reasons, capabilities per gfx, and every adapter run end to end against the
-DCU emulator (tests/emulators/dcu.py) on CPU tensors, compared with glm5_hal.reference;
-declined calls name the reason and never reach the vendor function."""
+AMD ROCm), probe reasons, capabilities per gfx, lightop's module layout chosen by its version,
+and every adapter run end to end against the DCU emulator (tests/emulators/dcu.py) on CPU
+tensors, for every emulated lightop version, compared with glm5_hal.reference; declined calls
+name the reason and never reach the vendor function."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ import glm5_hal as hal
 from glm5_hal.backends.dcu import DcuBackend
 from glm5_hal.backends.dcu import ops as dcu_ops
 from glm5_hal.backends.dcu.runtime import DcuRuntime, load_lightop
-from emulators.dcu import GARBAGE, DcuEmulator
+from emulators.dcu import LIGHTOP_VERSIONS, DcuEmulator
 
 from conftest import seeded
 
@@ -110,7 +111,7 @@ def test_the_real_runtime_reads_the_torch_attributes(torch_module, expected):
 
 
 @pytest.mark.parametrize("kwargs,expected", [
-    ({"devices": 0}, "no DCU device visible (torch.cuda.device_count() == 0; check `hy-smi` and HIP_VISIBLE_DEVICES)"),
+    ({"devices": 0}, "no DCU device visible (torch.cuda.device_count() == 0; check `hy-smi` and CUDA_VISIBLE_DEVICES)"),
     ({"version": "2.4.1+das.opt1.dtk2504"}, "torch 2.4.1+das.opt1.dtk2504 is too old: glm5_hal needs torch >= 2.6"),
 ])
 def test_probe_gives_a_specific_reason(kwargs, expected):
@@ -162,35 +163,53 @@ def test_a_hygon_build_on_an_unknown_gfx_is_still_usable(monkeypatch):
 
 
 # -- lightop ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lightop", LIGHTOP_VERSIONS)
 @pytest.mark.parametrize("dtype", [F16, BF16])
 @pytest.mark.parametrize("shape", [(7, 64), (2, 3, 129)])
-def test_rms_norm_matches_the_reference(k100, dtype, shape):
+def test_rms_norm_matches_the_reference(hal_state, monkeypatch, lightop, dtype, shape):
+    """lightop.op before LightOp 0.6, lightop.norm from 0.6 (where the old code never looked)."""
+    backend = register(hal_state, monkeypatch, lightop=lightop)
     g = seeded(1)
     x, w = randn(*shape, g=g, dtype=dtype), randn(shape[-1], g=g, dtype=dtype)
     assert chosen("rms_norm", x, w, 1e-6) == f"{EMU}.rms_norm"
     torch.testing.assert_close(hal.ops.rms_norm(x, w, 1e-6), hal.reference.rms_norm(x, w, 1e-6), rtol=1.6e-2, atol=1e-5)
-    assert k100.runtime.calls["rmsnorm_forward_autograd"] == 1
+    assert backend.runtime.calls["rmsnorm_forward_autograd"] == 1
 
 
-def test_rms_norm_declines_float32_and_a_wider_weight(k100):
-    assert rejection("rms_norm", torch.ones(2, 8), torch.ones(8), 1e-6) == (
+def test_rms_norm_declines_float32_a_wider_weight_and_narrow_rows(k100):
+    assert rejection("rms_norm", torch.ones(2, 64), torch.ones(64), 1e-6) == (
         "implements rms_norm for {bfloat16, float16}, not float32")
     assert "casting the float32 weight to float16 would round it" in rejection(
-        "rms_norm", torch.ones(2, 8, dtype=F16), torch.ones(8), 1e-6)
+        "rms_norm", torch.ones(2, 64, dtype=F16), torch.ones(64), 1e-6)
+    narrow = torch.ones(2, 63, dtype=BF16)
+    assert rejection("rms_norm", narrow, torch.ones(63, dtype=BF16), 1e-6) == (
+        "lightop's RMSNorm rejects reductions narrower than one wave (64); vLLM's DCU plugin routes hidden sizes "
+        "below it elsewhere, got 63")
+    with expect_fallback("narrower than one wave"):
+        hal.ops.rms_norm(narrow, torch.ones(63, dtype=BF16), 1e-6)
+    assert k100.runtime.calls["rmsnorm_forward_autograd"] == 0
 
 
+def test_the_emulated_lightop_rejects_narrow_rows():
+    kernels = DcuEmulator().lightop.norm
+    with pytest.raises(RuntimeError, match="narrower than one wave"):
+        kernels.rmsnorm_forward_autograd(torch.ones(2, 32, dtype=BF16), torch.ones(32, dtype=BF16), 1e-6, False)
+
+
+@pytest.mark.parametrize("lightop", LIGHTOP_VERSIONS)
 @pytest.mark.parametrize("dtype", [F16, BF16])
-def test_silu_and_mul_matches_the_reference(k100, dtype):
+def test_silu_and_mul_matches_the_reference(hal_state, monkeypatch, lightop, dtype):
+    backend = register(hal_state, monkeypatch, lightop=lightop)
     x = randn(3, 5, 34, g=seeded(2), dtype=dtype)
     assert chosen("silu_and_mul", x) == f"{EMU}.silu_and_mul"
     torch.testing.assert_close(hal.ops.silu_and_mul(x), hal.reference.silu_and_mul(x), rtol=1.6e-2, atol=1e-5)
-    assert k100.runtime.calls["silu_and_mul_opt"] == 1
+    assert backend.runtime.calls["silu_and_mul_opt"] == 1
 
 
 def test_lightop_ops_decline_without_lightop_or_for_float32(hal_state, monkeypatch):
-    register(hal_state, monkeypatch, lightop=False)
-    x = torch.ones(2, 8, dtype=BF16)
-    assert rejection("rms_norm", x, torch.ones(8, dtype=BF16), 1e-6) == (
+    register(hal_state, monkeypatch, lightop=None)
+    x = torch.ones(2, 64, dtype=BF16)
+    assert rejection("rms_norm", x, torch.ones(64, dtype=BF16), 1e-6) == (
         "lightop not installed (Hygon's fused-op package from DTK / the DAS image)")
     assert rejection("silu_and_mul", x).startswith("lightop not installed (Hygon's fused-op package from DTK / the "
                                                    "DAS image); DCU kernel not built")
@@ -198,6 +217,18 @@ def test_lightop_ops_decline_without_lightop_or_for_float32(hal_state, monkeypat
     register(hal_state, monkeypatch)
     assert rejection("silu_and_mul", torch.ones(2, 8)).startswith(
         "lightop's silu_and_mul_opt is offered for bf16/fp16, not float32; DCU kernel not built")
+
+
+@pytest.mark.parametrize("version,why", [
+    ("0.7.0", "lightop 0.7.0 is newer than 0.6.0, the newest version lightop_layout was verified against"),
+    ("dtk2604", "the lightop version could not be read ('dtk2604')"),
+])
+def test_an_unverified_lightop_is_declined_and_said(hal_state, monkeypatch, version, why):
+    backend = emulated(lightop=version)
+    assert backend.availability().reason.endswith(f"; narrowed to what is verified (lightop_layout: {why})")
+    register(hal_state, monkeypatch, lightop=version)
+    x = torch.ones(2, 64, dtype=BF16)
+    assert rejection("rms_norm", x, torch.ones(64, dtype=BF16), 1e-6) == f"lightop_layout unverified here: {why}"
 
 
 # -- vLLM _C rotary -----------------------------------------------------------------------------------
@@ -269,21 +300,24 @@ def assert_topk_rows(out, logits, topk, counts):
             assert bool((scores[keys] >= kth - 1e-9 * kth.abs()).all())
 
 
-def test_lightops_top_k_leaves_garbage_that_the_adapter_must_remove():
-    """The defect the emulator models (and the sanitiser exists for)."""
+def test_lightops_top_k_fills_the_unused_slots_like_vllms_kernel():
+    """vLLM's topKPerRowJob (csrc/sampler.cu @00e831b2) writes 0..len-1 and then -1 for a row
+    shorter than top-k; the adapter keeps only slots inside the row whatever the kernel does."""
     emu = DcuEmulator()
     logits = torch.randn(2, 10)
-    indices = torch.full((2, 6), -1, dtype=I32)
-    emu.lightop.top_k_per_row_prefill(logits, torch.tensor([0, 0], dtype=I32), torch.tensor([3, 10], dtype=I32),
-                                      indices, 2, 10, 1, 6)
-    assert indices[0, :3].tolist() == [0, 1, 2] and set(indices[0, 3:].tolist()) <= set(GARBAGE)
-    assert bool((indices[0, 3:] != -1).any())
-    clean = dcu_ops.sanitise_topk(indices, torch.tensor([3, 10]))
-    assert clean[0].tolist() == [0, 1, 2, -1, -1, -1] and torch.equal(clean[1], indices[1])
+    indices = torch.full((2, 6), 5, dtype=I32)
+    emu.lightop.attention.top_k_per_row_prefill(logits, torch.tensor([0, 0], dtype=I32), torch.tensor([3, 10],
+                                                dtype=I32), indices, 2, 10, 1, 6)
+    assert indices[0].tolist() == [0, 1, 2, -1, -1, -1]
+    stale = torch.tensor([[0, 1, 2, 7, 9, -5], [4, 1, 2, 8, 0, 3]], dtype=I32)
+    clean = dcu_ops.sanitise_topk(stale, torch.tensor([3, 10]))
+    assert clean[0].tolist() == [0, 1, 2, -1, -1, -1] and torch.equal(clean[1], stale[1])
 
 
+@pytest.mark.parametrize("lightop", LIGHTOP_VERSIONS)
 @pytest.mark.parametrize("fp8", [False, True])
-def test_indexer_topk_matches_the_reference(k100, fp8):
+def test_indexer_topk_matches_the_reference(hal_state, monkeypatch, lightop, fp8):
+    k100 = register(hal_state, monkeypatch, lightop=lightop)
     g = seeded(5)
     starts = torch.tensor([0, 0, 0, 5, 9, 2, 30, 0], dtype=I32)
     ends = torch.tensor([1, 3, 30, 11, 9, 30, 30, 12], dtype=I32)
@@ -304,7 +338,9 @@ def test_indexer_topk_matches_the_reference(k100, fp8):
     assert k100.runtime.calls["top_k_per_row_prefill"] >= 1
 
 
-def test_indexer_topk_paged_matches_the_reference(k100):
+@pytest.mark.parametrize("lightop", LIGHTOP_VERSIONS)
+def test_indexer_topk_paged_matches_the_reference(hal_state, monkeypatch, lightop):
+    k100 = register(hal_state, monkeypatch, lightop=lightop)
     g = seeded(6)
     batch, queries, heads, dim, block_size, topk = 4, 3, 4, 32, 4, 6
     q = randn(batch, queries, heads, dim, g=g, dtype=F16)
@@ -328,7 +364,7 @@ def test_indexer_topk_paged_matches_the_reference(k100):
 
 
 def test_indexer_declines_without_kernels_or_lightop(hal_state, monkeypatch):
-    register(hal_state, monkeypatch, lightop=False)
+    register(hal_state, monkeypatch, lightop=None)
     args = (torch.ones(2, 4, 16), torch.ones(5, 16), torch.ones(2, 4), torch.zeros(2, dtype=I32),
             torch.full((2,), 5, dtype=I32), 3)
     assert rejection("indexer_topk", *args).startswith("DCU kernel not built (libglm5_hal_dcu_kernels.so not found")
@@ -355,14 +391,14 @@ def test_kernel_ops_are_declined_while_the_dcu_kernels_are_not_built(k100, op, a
 VENDOR_OPS = {"rms_norm", "silu_and_mul", "apply_rope", "grouped_gemm", "indexer_topk", "indexer_topk_paged"}
 
 
-@pytest.mark.parametrize("card", ["K100_AI", "Z100L"])
-def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, monkeypatch, card):
+@pytest.mark.parametrize("card,lightop", [("K100_AI", v) for v in LIGHTOP_VERSIONS] + [("Z100L", LIGHTOP_VERSIONS[-1])])
+def test_conformance_tiny_preset_on_the_emulated_backend(hal_state, monkeypatch, card, lightop):
     """Every case of every op the adapters implement: nothing fails or errors; the ops served
     by vendor functions pass through the backend's own implementation; every decline is a
     vendor constraint of those ops or the DCU kernels not being built; skips are dtypes the
     card lacks."""
     from glm5_hal.conformance import cases, plan, run_all
-    backend = register(hal_state, monkeypatch, card)
+    backend = register(hal_state, monkeypatch, card, lightop=lightop)
     ops = [op for op in sorted(backend.impls) if op in cases.ops_with_cases()]
     assert "rms_norm" in ops
     records = run_all(plan([EMU], ops, ["tiny"]))

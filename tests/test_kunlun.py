@@ -16,7 +16,7 @@ from glm5_hal import reference as ref
 from glm5_hal import vendors
 from glm5_hal.backends.kunlun import KunlunBackend, ops as xpu_ops
 from emulators.sparse_decode import SparseDecodeKernelStandIn
-from emulators.kunlun import KvGatherKernelStandIn, NotEmulatedError, XpuEmulator
+from emulators.kunlun import VLLM_KUNLUN_VERSIONS, KvGatherKernelStandIn, NotEmulatedError, XpuEmulator
 
 from conftest import seeded
 
@@ -143,8 +143,10 @@ def test_a_kunlun_stack_with_a_p800_is_claimed(tmp_path, monkeypatch):
     fake_module(tmp_path, monkeypatch, "torch_xmlir")
     fake_module(tmp_path, monkeypatch, "kunlun_ops")
     backend = KunlunBackend(torch_module=fake_torch("P800", __version__="2.5.1+xpytorch"))
-    assert backend.availability() == hal.Availability(True, "1 x P800 (Kunlun3, CUDA-compatible mode), "
-                                                            "torch 2.5.1+xpytorch")
+    # vLLM-Kunlun (whose _C ops the MoE adapters call) is not installed: those are narrowed away
+    assert backend.availability() == hal.Availability(True, (
+        "1 x P800 (Kunlun3, CUDA-compatible mode), torch 2.5.1+xpytorch; narrowed to what is verified (moe_kernels: "
+        "vllm-kunlun is not installed; w8a8_max_scales: vllm-kunlun is not installed)"))
     assert backend.runtime.xspeedgate is None
     assert backend.runtime.xspeedgate_missing.startswith("xspeedgate_ops not installed")
     assert backend.versions() == {"torch_xmlir": "2.5.1.7", "torch": "2.5.1+xpytorch", "chip": "P800"}
@@ -161,7 +163,7 @@ def test_missing_xre_library_is_named(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fused,expected", [
     (None, "kunlun_ops / xtorch_ops not installed (Kunlun's fused-op library, which the kunlun adapters call)"),
     ("xtorch_ops", "no Kunlun XPU visible (torch.cuda.device_count() == 0; check `xpu-smi -L` and "
-                   "CUDA_VISIBLE_DEVICES / XPU_VISIBLE_DEVICES)"),
+                   "XPU_VISIBLE_DEVICES)"),
 ])
 def test_the_fused_op_library_is_required_under_either_name(tmp_path, monkeypatch, fused, expected):
     fake_module(tmp_path, monkeypatch, "torch_xmlir")
@@ -186,9 +188,10 @@ def test_probe_gives_a_specific_reason(chip, kwargs, expected):
 def test_capabilities():
     backend = emulated()
     assert backend.availability().reason == ("EMULATED (XpuEmulator): 8 x P800 (Kunlun3, CUDA-compatible mode), "
-                                             "torch 2.5.1+xpytorch")
+                                             "torch 2.5.1+xpytorch, vllm-kunlun 0.15.1.dev0")
+    assert backend.versions()["vllm-kunlun"] == "0.15.1.dev0"
     caps = backend.cached_capabilities()
-    assert caps.dtypes == {F32, F16, BF16} and caps.dist_backend == "nccl" and caps.device_name == "P800"
+    assert caps.dtypes == {F32, F16, BF16, torch.int8} and caps.dist_backend == "nccl" and caps.device_name == "P800"
     assert caps.limits["fp8"] is False and caps.limits["indexer_key_quantisation"] == "int8 (no FP8 on P800)"
     assert caps.limits["xpu_kernels"].startswith("kunlun kernel not built")
     assert caps.limits["xspeedgate_ops"] == "installed"
@@ -239,19 +242,42 @@ def route_matches(logits, args):
                                ref_weights.gather(1, ref_ids.argsort(dim=1)), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("vllm_kunlun", VLLM_KUNLUN_VERSIONS)
 @pytest.mark.parametrize("args", [
     ("bias", 8, 4, 2, 2.5, True, "sigmoid"),
     ("bias", 8, 1, 1, 2.5, True, "sigmoid"),
-    (None, 6, 4, 2, 1.0, True, "sigmoid"),
-    (None, 3, 1, 1, 1.5, True, "softmax"),
-    (None, 3, 1, 1, 2.0, False, "softmax"),
+    (None, 6, 4, 2, 1.0, True, "sigmoid"),     # no bias: a zero bias tensor (the schema's bias is a Tensor)
+    (None, 3, 1, 1, 1.5, True, "softmax"),     # moe_softmax_topk_norm
+    (None, 3, 1, 1, 2.0, False, "softmax"),    # moe_softmax_topk with an empty block_statistic
 ])
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_moe_route(xpu, args, dtype):
+def test_moe_route(register, vllm_kunlun, args, dtype):
+    """bf16 router logits reach the kernels as float32, as vLLM-Kunlun casts them; each emulated
+    vLLM-Kunlun version."""
+    register(emulated(vllm_kunlun=vllm_kunlun))
     g = seeded(4)
     logits = torch.randn(21, 32, generator=g).to(dtype)
     bias = torch.randn(32, generator=g) * 0.3
     route_matches(logits, (bias if args[0] == "bias" else None, *args[1:]))
+
+
+def test_the_routing_kernels_are_called_as_vllm_kunlun_calls_them():
+    """What the adapter used to get wrong, each refused by the emulator: an undefined
+    block_statistic for moe_softmax_topk, scores of another dtype than the logits, no bias."""
+    C = XpuEmulator().C
+    logits, weights, ids = torch.randn(3, 8).to(BF16), torch.empty(3, 2), torch.empty(3, 2, dtype=I32)
+    with pytest.raises(NotEmulatedError, match="undefined block_statistic"):
+        C.moe_softmax_topk(logits.float(), weights, ids, None)
+    with pytest.raises(NotEmulatedError, match="scores in the logits' dtype"):
+        C.moe_softmax_topk(logits, weights, ids, torch.empty(0, dtype=I32))
+    with pytest.raises(NotEmulatedError, match="casts the router logits to float32"):
+        C.moe_softmax_topk_norm(x=logits, normed_score=weights, topk_index=ids, block_statistic=None)
+    with pytest.raises(NotEmulatedError, match="undefined bias"):
+        C.moe_sigmoid_group_topk_norm(x=logits.float(), topk_index=ids, norm_score=weights,
+                                      block_static=torch.zeros(12, 8, dtype=I32), bias=None, scale=1.0, n_group=1,
+                                      topk_group=1)
+    with pytest.raises(TypeError, match="stable"):
+        C.moe_softmax_topk(logits.float(), weights, ids, torch.empty(0, dtype=I32), stable=True)
 
 
 def test_moe_route_declines_what_the_kernels_cannot_do(xpu):
@@ -265,19 +291,36 @@ def test_moe_route_declines_what_the_kernels_cannot_do(xpu):
     assert rejection("moe_route", torch.full((3, 16), -200.0), None, 2, 1, 1, 1.0, True, "sigmoid") == (
         "logits below -80: their float32 sigmoid scores underflow, and moe_sigmoid_group_topk_norm renormalises "
         "by a plain sum (0/0 is NaN; the contract adds 1e-20)")
-    wide = torch.randn(3, 520)
-    assert rejection("moe_route", wide, None, 2, 1, 1, 1.0, True, "sigmoid") == (
-        "moe_sigmoid_group_topk_norm takes at most 512 experts on P800, got 520")
 
 
-def test_above_512_experts_the_sigmoid_kernel_silently_writes_nothing():
-    """Why the adapter declines: the kernel returns an error code nobody checks."""
-    C = XpuEmulator().C
-    ids, weights = torch.full((2, 4), -7, dtype=I32), torch.full((2, 4), 9.0)
-    C.moe_sigmoid_group_topk_norm(x=torch.randn(2, 513), topk_index=ids, norm_score=weights,
-                                  block_static=torch.zeros(12, 513, dtype=I32), bias=None, scale=1.0, n_group=1,
-                                  topk_group=1)
-    assert bool((ids == -7).all()) and bool((weights == 9.0).all())
+def test_expert_counts_no_public_source_covers_are_declined(xpu):
+    """No public source states the MoE kernels' expert ceiling (the 512 / 480 once cited came
+    from a file vLLM-Kunlun never had): beyond the 256 experts its tutorials serve, the adapters
+    decline and the emulator refuses to guess."""
+    wide = torch.randn(3, 257)
+    reason = ("moe_sigmoid_group_topk_norm is verified only up to 256 experts (no public source states its ceiling; "
+              "vLLM-Kunlun's tutorials serve 256), got 257")
+    assert rejection("moe_route", wide, None, 2, 1, 1, 1.0, True, "sigmoid") == reason
+    assert chosen("moe_route", wide[:, :256], None, 2, 1, 1, 1.0, True, "sigmoid") == f"{EMU}.moe_route"
+    with pytest.raises(NotEmulatedError, match="no public source documents the kernels above 256"):
+        XpuEmulator().C.moe_softmax_topk_norm(x=wide, normed_score=torch.empty(3, 2), topk_index=torch.empty(
+            3, 2, dtype=I32), block_statistic=None)
+
+
+@pytest.mark.parametrize("version,reason", [
+    ("0.10.0", "moe_kernels unverified here: vllm-kunlun 0.10.0 is older than 0.10.1, the oldest version moe_kernels "
+               "was read from"),
+    ("0.16.0", "moe_kernels unverified here: vllm-kunlun 0.16.0 is newer than 0.15.1, the newest version moe_kernels "
+               "was verified against"),
+    (None, "moe_kernels unverified here: vllm-kunlun is not installed"),
+])
+def test_the_moe_kernels_of_an_unverified_vllm_kunlun_are_declined(register, version, reason):
+    backend = register(emulated(vllm_kunlun=version))
+    assert "narrowed to what is verified (moe_kernels: " in backend.availability().reason
+    logits = torch.randn(3, 16)
+    assert rejection("moe_route", logits, None, 2, 1, 1, 1.0, True, "sigmoid") == reason
+    assert rejection("grouped_gemm", torch.randn(2, 8), torch.randn(1, 4, 8), torch.tensor([2], dtype=I32)) == reason
+    assert chosen("rms_norm", logits, torch.ones(16), 1e-5) == f"{EMU}.rms_norm"   # kunlun_ops: not versioned
 
 
 def test_moe_permute(xpu):
@@ -295,9 +338,10 @@ def test_moe_permute(xpu):
 
 def test_moe_permute_counts_the_dropped_id_expert_against_the_limit(xpu):
     x, ids = torch.randn(2, 4), torch.zeros(2, 1, dtype=I32)
-    assert rejection("moe_permute", x, ids, 512) == (
-        "moe_pre_sorted (with the dropped-id expert) takes at most 512 experts on P800, got 513")
-    assert chosen("moe_permute", x, ids, 511) == f"{EMU}.moe_permute"
+    assert rejection("moe_permute", x, ids, 256) == (
+        "moe_pre_sorted (with the dropped-id expert) is verified only up to 256 experts (no public source states its "
+        "ceiling; vLLM-Kunlun's tutorials serve 256), got 257")
+    assert chosen("moe_permute", x, ids, 255) == f"{EMU}.moe_permute"
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
@@ -313,29 +357,40 @@ def test_moe_unpermute(xpu, dtype):
         "src repeats a (token, slot) index; moe_post combines one row per pair")
 
 
+@pytest.mark.parametrize("vllm_kunlun", VLLM_KUNLUN_VERSIONS)
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_grouped_gemm_never_uses_the_fused_activation(xpu, dtype):
+def test_grouped_gemm_calls_moe_fc_as_vllm_kunlun_does(register, vllm_kunlun, dtype):
+    """No fused activation and no topk_ids (optional in the real op; vLLM-Kunlun's unquantised
+    path never passes them), y as [tokens, topk, N]."""
+    xpu = register(emulated(vllm_kunlun=vllm_kunlun)).runtime
     g = seeded(7)
-    counts = torch.tensor([700, 0, 390, 10], dtype=I32)       # M = 1100 >= 1024: where SWISH_GLU breaks
+    counts = torch.tensor([700, 0, 390, 10], dtype=I32)
     x = torch.randn(1100, 32, generator=g).to(dtype)
     w = torch.randn(4, 24, 32, generator=g).to(dtype)
     close(hal.ops.grouped_gemm(x, w, counts), ref.grouped_gemm(up(x), up(w), counts), dtype)
     assert xpu.C.fc_acts == [None]
-    assert rejection("grouped_gemm", x[:2], torch.randn(513, 24, 32).to(dtype),
-                     torch.tensor([2] + [0] * 512, dtype=I32)) == "moe_fc takes at most 512 experts on P800, got 513"
+    assert rejection("grouped_gemm", x[:2], torch.randn(257, 24, 32).to(dtype),
+                     torch.tensor([2] + [0] * 256, dtype=I32)).startswith(
+        "moe_fc is verified only up to 256 experts")
 
 
-def test_the_emulated_swish_glu_is_wrong_from_1024_rows():
+def test_the_emulated_swish_glu_is_vllm_kunluns():
+    """act="SWISH_GLU" (what vLLM-Kunlun uses from 1024 rows on) writes silu(gate) * up into
+    the first half of a full-width y [M, topk, N]; the adapters never use it (grouped_gemm has
+    no activation), but the emulator no longer models a defect nobody published."""
     C = XpuEmulator().C
-    for rows, correct in ((1023, True), (1024, False)):
+    for rows in (1023, 1024):
         x, w = torch.randn(rows, 8, generator=seeded(8)), torch.randn(1, 6, 8, generator=seeded(9))
-        y = torch.empty(rows, 3)
+        y = torch.empty(rows, 1, 6)
         C.moe_fc(x=x, weight=w, sorted_tokens_num_lod=torch.tensor([0, rows], dtype=I32),
-                 sorted_tokens_idx=torch.arange(rows, dtype=I32), moe_topk=1, y=y,
-                 topk_ids=torch.zeros(rows, 1, dtype=I32), act="SWISH_GLU")
+                 sorted_tokens_idx=torch.arange(rows, dtype=I32), moe_topk=1, y=y, act="SWISH_GLU")
         gate_up = x @ w[0].T
         want = torch.nn.functional.silu(gate_up[:, :3]) * gate_up[:, 3:]
-        assert torch.allclose(y, want, atol=1e-5) is correct
+        torch.testing.assert_close(y[:, 0, :3], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(NotEmulatedError, match="topk_ids with unquantised weights"):
+        C.moe_fc(x=x, weight=w, sorted_tokens_num_lod=torch.tensor([0, rows], dtype=I32),
+                 sorted_tokens_idx=torch.arange(rows, dtype=I32), moe_topk=1, y=y,
+                 topk_ids=torch.zeros(rows, 1, dtype=I32))
 
 
 # -- KV cache and DSA ------------------------------------------------------------------------------
@@ -490,3 +545,53 @@ def test_kernels_py_gathers_through_a_compiled_library(tmp_path, register):
     offsets = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="failed with status 3"):
         library.kv_cache_gather(cache, table, lens, offsets, torch.empty(9, 10, dtype=BF16), 1)
+
+
+# -- the checkpoints' INT8 GEMMs: vLLM-Kunlun's W8A8 kernels ----------------------------------------
+def int8_inputs(g, m=9, n=24, k=40, experts=None):
+    x, x_scale = ref.int8_quant(torch.randn(m, k, generator=g))
+    shape = (n, k) if experts is None else (experts, n, k)
+    w = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    w_scale = torch.rand(*shape[:-1], generator=g) * 0.01 + 0.001
+    return x, x_scale, w, w_scale
+
+
+@pytest.mark.parametrize("vllm_kunlun", VLLM_KUNLUN_VERSIONS[1:])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_gemm_through_c_matmul(register, vllm_kunlun, bias):
+    """_C.matmul with per-token and per-channel maxima (scale * 127: "kunlun_ops use max as
+    scale"), as vLLM-Kunlun's W8A8 linear calls it."""
+    xpu = register(emulated(vllm_kunlun=vllm_kunlun)).runtime
+    g = seeded(30)
+    x, x_scale, w, w_scale = int8_inputs(g)
+    args = (x, x_scale, w, w_scale, BF16, torch.randn(24, generator=g) if bias else None)
+    assert chosen("int8_gemm", *args) == f"{EMU}.int8_gemm"
+    close(hal.ops.int8_gemm(*args), ref.int8_gemm(*args), BF16)
+    assert xpu.calls["_C.matmul"] == 1
+
+
+@pytest.mark.parametrize("vllm_kunlun", VLLM_KUNLUN_VERSIONS[1:])
+def test_int8_grouped_gemm_through_moe_fc(register, vllm_kunlun):
+    xpu = register(emulated(vllm_kunlun=vllm_kunlun)).runtime
+    g = seeded(31)
+    counts = torch.tensor([4, 0, 3, 2], dtype=I32)
+    x, x_scale, w, w_scale = int8_inputs(g, experts=4)
+    args = (x, x_scale, w, w_scale, counts, F16)
+    assert chosen("int8_grouped_gemm", *args) == f"{EMU}.int8_grouped_gemm"
+    close(hal.ops.int8_grouped_gemm(*args), ref.int8_grouped_gemm(*args), F16)
+    assert xpu.calls["_C.moe_fc"] == 1 and xpu.C.fc_acts == [None]
+
+
+def test_int8_gemms_decline_what_vllm_kunlun_does_not_show(register):
+    x, x_scale, w, w_scale = int8_inputs(seeded(32))
+    register(emulated())
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, F32, None) == (
+        "matmul is called with the activations' bf16/fp16 as out_dtype by vLLM-Kunlun; torch.float32 is UNVERIFIED")
+    hal.unload_plugin(EMU)
+    register(emulated(vllm_kunlun="0.10.1.1"))      # no W8A8 path (nor _C.matmul) before 0.11.0
+    assert rejection("int8_gemm", x, x_scale, w, w_scale, BF16, None) == (
+        "torch.ops._C lacks matmul (vLLM-Kunlun's kernel library is not loaded in this process)")
+    counts = torch.tensor([9], dtype=I32)
+    assert rejection("int8_grouped_gemm", x, x_scale, w[None], w_scale[None], counts, BF16) == (
+        "w8a8_max_scales unverified here: vllm-kunlun 0.10.1.1 is older than 0.11.0, the oldest version "
+        "w8a8_max_scales was read from")

@@ -28,6 +28,13 @@ def test_first_outside(values, dtype, allowed):
         assert both(m, C.first_outside, t, 0, 30, allowed) == (expected, expected)
 
 
+def test_first_outside_takes_bounds_beyond_the_dtype(monkeypatch):
+    """grouped_gemm checks counts against [0, 2**31): as an int32 scalar that bound would wrap."""
+    t = torch.tensor([3, 0, 5, 2**31 - 1], dtype=torch.int32)
+    assert both(monkeypatch, C.first_outside, t, 0, 2**31) == (-1, -1)
+    assert both(monkeypatch, C.first_outside, t, -2**40, 4) == (2, 2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(values=ints)
 def test_smallest_repeat(values):

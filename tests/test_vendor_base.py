@@ -1,6 +1,8 @@
 """Vendor identification and the VendorBackend base: probing never raises and says why."""
 from __future__ import annotations
 
+import re
+
 import sys
 import types
 
@@ -43,6 +45,17 @@ def test_every_vendor_fact_is_complete():
     for v in vendors.VENDORS.values():
         assert v.device_type and v.dist_backend and v.smi and v.visible_devices and v.toolchain_env
         assert set(v.unconfirmed) <= {f.name for f in vendors.dataclasses.fields(v)}
+
+
+@pytest.mark.parametrize("name", ["ascend", "musa", "dcu", "cambricon", "kunlun"])
+def test_every_fact_of_a_vendor_names_its_public_source_or_is_unconfirmed(name):
+    """Each field of these vendors' records names a public source (repository, path, tag or
+    commit) in vendors.SOURCES, or is listed as unconfirmed; never both."""
+    vendor, sources = vendors.VENDORS[name], vendors.SOURCES[name]
+    facts = {"bridge", "device_type", "dist_backend", "toolchain_env", "compiler", "smi", "visible_devices"}
+    assert set(sources) | set(vendor.unconfirmed) >= facts
+    assert not set(sources) & set(vendor.unconfirmed) - {"bridge"}   # kunlun: sourced for v0.10.1.1 only
+    assert all(re.search(r"@[0-9a-f]{7,}|\(?[0-9a-f]{7,8}\)|v\d+\.\d+|\d+\.\d+\.\d+ wheel", text) for text in sources.values()), sources
 
 
 class FakeAscend(VendorBackend):
@@ -166,3 +179,15 @@ def test_a_behaviour_is_chosen_by_the_installed_version():
     assert value is None and "older than 0.2.0" in why
     assert lse.resolve(None) == (None, "mate is not installed")
     assert "could not be read" in lse.resolve("dev")[1]
+
+
+def test_post_releases_order_after_their_release():
+    """torch_npu ships schema changes in post releases (2.7.1.post2 has ops 2.7.1 lacks)."""
+    from glm5_hal.vendor_backend import Behaviour, Era, leading_numbers
+    assert leading_numbers("2.7.1.post2") == (2, 7, 1, 2) > leading_numbers("2.7.1") == (2, 7, 1)
+    assert leading_numbers("2.7.1.post11+cpu") == (2, 7, 1, 11)
+    assert leading_numbers("2.13.0+cpu") == (2, 13, 0) and leading_numbers("8.5.RC1") == (8, 5)
+    ops = Behaviour("ops", "torch_npu", (Era((2, 7, 1), False, "2.7.1"), Era((2, 7, 1, 2), True, "2.7.1.post2"),
+                                         Era((2, 8, 0), False, "2.8.0")), verified_up_to=(2, 8, 0))
+    assert [ops.resolve(v)[0] for v in ("2.7.1", "2.7.1.post1", "2.7.1.post2", "2.7.1.post11", "2.8.0.post3")] == [
+        False, False, True, True, False]

@@ -4,10 +4,10 @@ pointers, sizes and stream of the C ABI (include/glm5_hal_gpu.h; the sparse MLA 
 kernel's entry point and launcher are the ones every kernel library shares, in
 glm5_hal.kernel_library).
 
-Used by the musa backend (libglm5_hal_musa_kernels.so, built by mcc) and the dcu backend
-(libglm5_hal_dcu_kernels.so, built by hipcc); the nvcc build (libglm5_hal_cuda_kernels.so)
-only proves the sources compile as CUDA. The library is loaded lazily; when it is absent,
-`missing()` says so and the adapters that need it decline, so dispatch moves on.
+Used by the cuda backend (libglm5_hal_cuda_kernels.so, built by nvcc), the musa backend
+(libglm5_hal_musa_kernels.so, built by mcc) and the dcu backend (libglm5_hal_dcu_kernels.so,
+built by hipcc). The library is loaded lazily; when it is absent, `missing()` says so and the
+adapters that need it decline, so dispatch moves on.
 
 Launchers take validated inputs (glm5_hal.ops has checked them), make them contiguous,
 allocate outputs on the inputs' device and return the canonical outputs of the op.
@@ -27,7 +27,6 @@ from glm5_hal.kernel_library import (  # noqa: F401 (DTYPE_CODE, OK, EINVAL, Ker
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "include" / "glm5_hal_gpu.h"
 SOURCES = HERE / "src"
-CUDA_LIBRARY_NAME = "libglm5_hal_cuda_kernels.so"
 
 #: mirrors of include/glm5_hal_gpu.h (tests/test_cuda_dialect.py checks they agree)
 ABI_VERSION = 2
@@ -57,11 +56,6 @@ SIGNATURES: dict[str, tuple[object, list]] = {
 }
 
 
-def cuda_library() -> Path:
-    """The nvcc build of the kernels (GLM5_HAL_WITH_CUDA_KERNELS)."""
-    return library_path(__path__, CUDA_LIBRARY_NAME)
-
-
 def _i32(t: Tensor) -> Tensor:
     return t.to(torch.int32).contiguous()
 
@@ -86,9 +80,10 @@ class GpuKernelLibrary(SparseMlaDecodeLibrary):
 
     # -- launchers (sparse_mla_decode_paged is SparseMlaDecodeLibrary's) ----------------------
     def indexer_topk(self, q: Tensor, keys: Tensor, key_scale: Tensor | None, weights: Tensor, k_start: Tensor,
-                     k_end: Tensor, topk: int, stream: int) -> Tensor:
+                     k_end: Tensor, topk: int, stream: int, span: int | None = None) -> Tensor:
         """q [T, Hi, D], keys [S, D] (FP8 with key_scale [S]), weights [T, Hi], k_start/k_end [T]
-        -> int32 [T, topk] key positions, -1 padded."""
+        -> int32 [T, topk] key positions, -1 padded. `span` bounds every row's range (the
+        workspace row length); None: the longest range, read from the device (one sync)."""
         tokens, heads, dim = q.shape
         out = torch.empty((tokens, topk), dtype=torch.int32, device=q.device)
         if tokens == 0:
@@ -96,7 +91,8 @@ class GpuKernelLibrary(SparseMlaDecodeLibrary):
         q, keys, weights = q.contiguous(), keys.contiguous(), weights.float().contiguous()
         scale = None if key_scale is None else key_scale.float().contiguous()
         start, end = _i32(k_start), _i32(k_end)
-        span = int((end - start).max())  # host sync: the workspace is sized exactly
+        if span is None:
+            span = int((end - start).max())  # host sync: the workspace is sized exactly
         for first, last, workspace in self._row_chunks(tokens, span, q.device):
             self.launch("glm5_hal_gpu_indexer_topk", _ptr(q[first:last]), _ptr(keys), _ptr(scale),
                         _ptr(weights[first:last]), _ptr(start[first:last]), _ptr(end[first:last]),
@@ -105,9 +101,11 @@ class GpuKernelLibrary(SparseMlaDecodeLibrary):
         return out
 
     def indexer_topk_paged(self, q: Tensor, key_cache: Tensor, key_scale: Tensor | None, weights: Tensor,
-                           block_table: Tensor, context_lens: Tensor, topk: int, stream: int) -> Tensor:
+                           block_table: Tensor, context_lens: Tensor, topk: int, stream: int,
+                           span: int | None = None) -> Tensor:
         """q [B, N, Hi, D], key_cache [num_blocks, block_size, D] (FP8 with key_scale
-        [num_blocks, block_size]), weights [B, N, Hi] -> int32 [B, N, topk] logical positions."""
+        [num_blocks, block_size]), weights [B, N, Hi] -> int32 [B, N, topk] logical positions.
+        `span` bounds every context length; None: the longest, read from the device (one sync)."""
         batch, queries, heads, dim = q.shape
         num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
         out = torch.empty((batch, queries, topk), dtype=torch.int32, device=q.device)
@@ -116,7 +114,8 @@ class GpuKernelLibrary(SparseMlaDecodeLibrary):
         q, key_cache, weights = q.contiguous(), key_cache.contiguous(), weights.float().contiguous()
         scale = None if key_scale is None else key_scale.float().contiguous()
         table, lens = _i32(block_table), _i32(context_lens)
-        span = int(lens.max())
+        if span is None:
+            span = int(lens.max())  # host sync: the workspace is sized exactly
         # chunks of whole sequences: the kernel finds a row's sequence as row / N
         for first, last, workspace in self._row_chunks(batch, span * queries, q.device, per_row=queries):
             self.launch("glm5_hal_gpu_indexer_topk_paged", _ptr(q[first:last]), _ptr(key_cache), _ptr(scale),

@@ -62,17 +62,21 @@ def grouped_mm(torch_ns: Any, x: Tensor, w: Tensor, tokens_per_expert: Tensor) -
 
 
 # -- sparse MLA building blocks ------------------------------------------------------------------
-def paged_to_physical(indices: Tensor, block_table: Tensor, context_lens: Tensor, block_size: int
-                      ) -> tuple[Tensor, Tensor]:
+def paged_to_physical(indices: Tensor, block_table: Tensor, context_lens: Tensor, block_size: int,
+                      num_blocks: int | None = None) -> tuple[Tensor, Tensor]:
     """Logical positions [B, N, topk] -> (cache rows int32 with -1 where invalid, valid mask).
-    A position is valid iff 0 <= p < context_lens[b] (the contract); its block id is then
-    in range (glm5_hal.ops checked the block table for the blocks in use)."""
+    A position is valid iff 0 <= p < context_lens[b] (the contract). glm5_hal.ops checks the
+    block ids in use on CPU tensors only (elsewhere that would read the device back); given
+    `num_blocks`, a position whose block id is outside [0, num_blocks) is made invalid too,
+    on the device, so a kernel that trusts its indices never reads past the cache."""
     p = indices.long()
     valid = (p >= 0) & (p < context_lens.long().view(-1, 1, 1))
     if block_table.shape[1] == 0:  # context_lens are all 0 then
         return torch.full_like(indices, -1, dtype=_I32), valid
     block = torch.where(valid, p // block_size, 0).clamp_(max=block_table.shape[1] - 1)
     ids = block_table.long().gather(1, block.view(block.shape[0], -1)).view_as(p)
+    if num_blocks is not None:
+        valid &= (ids >= 0) & (ids < num_blocks)
     rows = ids * block_size + p % block_size
     return torch.where(valid, rows, -1).to(_I32), valid
 
@@ -101,7 +105,7 @@ def sparse_mla_attention(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, s
     if tokens == 0 or kv.shape[0] == 0:
         return no_valid_rows(q, d_v, (tokens,))
     one = torch.zeros((1, 1), dtype=_I32, device=q.device)
-    lens = torch.tensor([kv.shape[0]], dtype=_I32, device=q.device)
+    lens = torch.full((1,), kv.shape[0], dtype=_I32, device=q.device)   # made on the device: no host copy
     out, lse = backend.kernels.sparse_mla_decode_paged(q.unsqueeze(0), kv.unsqueeze(0), one, lens,
                                                        indices.unsqueeze(0), sm_scale, d_v, backend.stream(q.device))
     return out.squeeze(0), lse.squeeze(0)

@@ -11,22 +11,36 @@ See README.md for the op mapping and what has been verified how.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from glm5_hal import hookimpl
 from glm5_hal.vendor_backend import ChipInfo, Declined, VendorBackend, dotted, module_version, require_version
 
-from . import chips, kernels, ops
+from . import chips, kernels, ops, versions
 
 
 class AscendBackend(VendorBackend):
     vendor_name = "ascend"
     adapters = ops.ADAPTERS
     op_limits = ops.OP_LIMITS
+    behaviours = versions.BEHAVIOURS
     kernels_limit = "ascend_c_kernels"
     device_noun = "NPU device"
     device_count_call = "torch_npu.npu.device_count()"
     device_check = "`{smi} info` and {visible}"
+
+    def __init__(self, runtime: Any = None, *, vendor_precision: bool | None = None, **kwargs: Any) -> None:
+        """`vendor_precision`: accept where the vendor kernels are documented to compute more
+        coarsely than the op contract (ops.PRECISION); default from GLM5_HAL_ASCEND_VENDOR_PRECISION
+        ("1"), else off: those calls are declined, saying why."""
+        if vendor_precision is None:
+            text = os.environ.get("GLM5_HAL_ASCEND_VENDOR_PRECISION", "").strip()
+            if text not in ("", "0", "1"):
+                raise ValueError(f"GLM5_HAL_ASCEND_VENDOR_PRECISION: expected 0 or 1, got {text!r}")
+            vendor_precision = text == "1"
+        self.vendor_precision = vendor_precision
+        super().__init__(runtime, **kwargs)
 
     def default_kernels(self) -> Any:
         return kernels.KernelLibrary()
@@ -38,12 +52,14 @@ class AscendBackend(VendorBackend):
 
     def check_versions(self, runtime: Any) -> dict[str, str]:
         version = require_version("torch_npu", module_version(runtime), chips.MIN_TORCH_NPU,
-                                  f"the adapters use the torch_npu {dotted(chips.MIN_TORCH_NPU)} op schemas")
+                                  f"each torch_npu requires its own torch release and glm5_hal needs torch >= "
+                                  f"{dotted(chips.MIN_TORCH_NPU)}")
         try:
             cann = str(runtime.npu.utils.get_cann_version(module="CANN"))
         except Exception as exc:
             raise Declined(f"reading the CANN version failed: {type(exc).__name__}: {exc}") from None
-        require_version("CANN", cann, chips.MIN_CANN, f"the DSA kernels need CANN >= {dotted(chips.MIN_CANN)}")
+        # CANN decides the attention kernels' rules (versions.py): a CANN outside the releases
+        # they were read from narrows the DSA adapters instead of refusing the backend
         return {"torch_npu": version, "CANN": cann}
 
     def devices(self, runtime: Any) -> Any:
@@ -72,14 +88,6 @@ class AscendBackend(VendorBackend):
     def stream(self, device: Any) -> int:
         """The raw aclrtStream of torch_npu's current stream on `device`, for the kernels."""
         return self.runtime.npu.current_stream(device).npu_stream
-
-    def fp8_declined(self) -> str | None:
-        """None when the chip computes in FP8, else the capability reason."""
-        gen = self.generation
-        if gen is not None and gen.fp8:
-            return None
-        where = f"{self.chip.device_name} ({gen.label})" if gen is not None else "this chip"
-        return f"{where} has no FP8 (float8_e4m3fn); FP8 needs an Ascend 950"
 
 
 ascend = AscendBackend()

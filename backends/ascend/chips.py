@@ -1,9 +1,8 @@
-"""Ascend chip generations, version minimums, and the CANN libraries torch_npu needs.
+"""Ascend chip generations, the torch_npu minimum, and the CANN libraries torch_npu needs.
 
-Sources: torch_npu 2.13.0's SocVersion enum (torch_npu/csrc/core/npu/NpuVariables.h), the
-SoC name strings in libtorch_npu.so, vllm-ascend's `check_ascend_device_type`, the op
-documentation's product lists, and the NEEDED entries of torch_npu's shared objects
-(see README.md, "Sources"). Every fact is one constant here, so a wrong one is one edit.
+Every fact is one constant here, with the vendor artifact it was read from (the torch-npu
+wheel is version 2.13.0 from PyPI unless a comment names another), so a wrong one is one edit.
+What changed between torch_npu / CANN versions is in versions.py.
 """
 from __future__ import annotations
 
@@ -11,38 +10,45 @@ import dataclasses
 
 from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
-#: torch_npu releases whose op schemas the adapters are written against: 2.13.0 made
-#: npu_sparse_flash_attention's sparse_block_size keyword-only and made it return
-#: (out, softmax_max, softmax_sum); earlier releases return one tensor.
-MIN_TORCH_NPU = (2, 13)
-#: CANN release line that ships the DSA kernels (LightningIndexer, SparseFlashAttention),
-#: released for DeepSeek-V3.2-Exp. Compared on (major, minor). Unconfirmed from a primary
-#: source: if an older CANN turns out to carry the same kernels, lower this one constant.
-MIN_CANN = (8, 3)
-#: Shared libraries torch_npu's extension modules need at import (readelf -d NEEDED of
-#: torch_npu/_C*.so and lib/libtorch_npu.so); libhccl.so is the first the loader misses.
+#: The oldest torch_npu the backend accepts. Each torch-npu release X requires torch==X
+#: (`Requires-Dist: torch==2.13.0.*` in the 2.13.0 wheel's METADATA; the same pairing in every
+#: wheel) and glm5_hal requires torch>=2.6 (pyproject.toml), so no older torch_npu can share a
+#: process with glm5_hal. Which ops and arguments a given release has is versions.py's business
+#: (post releases of older lines gained the DSA ops after newer base releases: a version gate
+#: alone cannot say it).
+MIN_TORCH_NPU = (2, 6)
+#: Shared libraries torch_npu's extension modules need at import: the NEEDED entries of
+#: torch_npu/lib/libtorch_npu.so (readelf -d) start libhccl.so, libascendcl.so; libhccl.so is the
+#: first the loader misses without CANN.
 CANN_LIBRARIES = ("libhccl.so", "libascendcl.so")
 
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
-    key: str                  # "A2", "A3", "950"
+    key: str                  # "A2", "A3", "950": the product lines the op documentation names
     label: str
     soc_versions: range
-    fp8: bool                 # float8_e4m3fn compute (npu_dynamic_block_quant dst fp8, ...)
-    indexer_key_quant: str    # how the DSA indexer keys are quantised on this generation
+    fp8: bool                 # float8_e4m3fn as a device dtype (caches, storage)
+    indexer_key_quant: str    # how npu_quant_lightning_indexer quantises indexer keys here
     notes: str
 
 
+#: soc_versions: the SocVersion enum of torch_npu/include/torch_npu/csrc/core/npu/NpuVariables.h
+#: (Ascend910B1 = 220 ... Ascend910B4_1 = 225; Ascend910_9391 = 250 ... Ascend910_9363 = 256;
+#: Ascend950 = 260). fp8 / indexer_key_quant: ops-transformer v9.1.0.pre (121f37de)
+#: attention/quant_lightning_indexer/README.md, 约束说明 -- A3: query and key INT8; Ascend
+#: 950PR/950DT: FLOAT8_E4M3, HIFLOAT8, INT8 (its product table lists A2 too, with no dtype line
+#: for it). That the 950 holds FP8 data is what that README says; no torch_npu op the adapters
+#: use documents an FP8 output (see ops.py, "Not mapped").
 GENERATIONS = (
-    Generation("A2", "Atlas A2 (Ascend 910B)", range(220, 226), False, "none (bf16/fp16 keys)",
+    Generation("A2", "Atlas A2 (Ascend 910B)", range(220, 226), False, "not described (bf16/fp16 keys)",
                "bf16/fp16; no FP8"),
     Generation("A3", "Atlas A3 (Ascend 910C, 910_93xx)", range(250, 257), False,
-               "int8 per-token-head (npu_quant_lightning_indexer)",
+               "int8 (npu_quant_lightning_indexer)",
                "bf16/fp16; int8-quantised indexer keys; no FP8"),
     Generation("950", "Ascend 950PR/950DT", range(260, 261), True,
-               "float8_e4m3fn / hifloat8 per-token-head (npu_quant_lightning_indexer)",
-               "bf16/fp16 plus FP8 (float8_e4m3fn, hifloat8) and MX formats"),
+               "float8_e4m3fn / hifloat8 / int8 (npu_quant_lightning_indexer)",
+               "bf16/fp16 plus FP8 data (float8_e4m3fn, hifloat8)"),
 )
 
 
@@ -61,8 +67,3 @@ def supported_socs() -> str:
 
 def device_dtypes(gen: Generation) -> frozenset:
     return shared_device_dtypes(fp8=gen.fp8)
-
-
-
-
-

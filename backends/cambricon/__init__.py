@@ -16,7 +16,10 @@ is the reason; nothing here raises or exits):
   4. `import torch_mlu_ops` (the fused-op library the adapters call)
   5. torch_mlu_ops is at least chips.MIN_TMO
   6. an MLU is visible (torch.mlu.device_count() > 0)
-  7. device 0's capability major is supported (>= 3: MLU370 or newer)
+  7. device 0's capability major is supported (>= 3: MLU370 or newer); FP8 only where the
+     installed torch_mlu's is_fp8_supported() says so
+  8. the versioned behaviours (chips.BEHAVIOURS: torch_mlu_ops' signatures, read from 1.12.1
+     only) are chosen from the installed torch_mlu_ops; another version narrows the backend
 """
 from __future__ import annotations
 
@@ -44,14 +47,15 @@ class MluRuntime:
         self.__version__ = str(getattr(bridge, "__version__", ""))
 
     def current_queue(self, device: torch.device) -> int:
-        """The raw cnrtQueue_t of the device's current stream (torch_mlu names the handle
-        `mlu_stream`, like torch.cuda's `cuda_stream`; unconfirmed)."""
+        """The raw cnrtQueue_t of the device's current stream (torch_mlu's Stream.mlu_stream,
+        torch_mlu/mlu/streams.py:100 @d578002c)."""
         return int(self.mlu.current_stream(device).mlu_stream)
 
 
 class CambriconBackend(VendorBackend):
     vendor_name = "cambricon"
     adapters = ops.ADAPTERS
+    behaviours = chips.BEHAVIOURS
     op_limits = ops.OP_LIMITS
     kernels_limit = "bang_kernels"
     device_noun = "MLU device"
@@ -86,15 +90,18 @@ class CambriconBackend(VendorBackend):
     def identify_chip(self, runtime: Any, count: int, versions: dict[str, str]) -> ChipInfo:
         major, minor = (int(v) for v in runtime.mlu.get_device_capability(0))
         device_name = str(runtime.mlu.get_device_name(0))
-        gen = chips.generation_of(major)
+        fp8_query = getattr(runtime.mlu, chips.FP8_QUERY, None)
+        gen = chips.generation_of(major, fp8=bool(fp8_query()) if callable(fp8_query) else False)
         if gen is None:
             raise Declined(f"unsupported MLU {device_name} (capability {major}.{minor}); the cambricon backend "
                            f"needs capability >= {chips.MIN_MAJOR}.0 (MLU370 or newer)")
         capability = f"{major}.{minor}"
         summary = (f"{count} x {device_name} ({gen.label}, capability {capability}), "
                    f"torch_mlu_ops {versions['torch_mlu_ops']}")
+        fp8 = (f"torch.mlu.is_fp8_supported() is {gen.fp8}" if callable(fp8_query) else
+               "this torch_mlu has no is_fp8_supported() (the public torch_mlu @d578002c has none), so none is declared")
         return ChipInfo(device_name, count, summary, generation=gen, identity=f"capability {capability}",
-                        versions=versions, facts={"capability": capability})
+                        versions=versions, facts={"capability": capability, "fp8_source": fp8})
 
     def chip_dtypes(self, chip: ChipInfo) -> frozenset:
         return chips.device_dtypes(chip.generation)
@@ -113,8 +120,9 @@ class CambriconBackend(VendorBackend):
         chip = self.chip
         if chip is not None and chip.generation.fp8:
             return None
-        where = f"{chip.device_name} ({chip.identity})" if chip else "this MLU"
-        return f"{where} has no FP8 (torch_mlu: FP8 needs capability major >= {chips.FP8_MAJOR})"
+        if chip is None:
+            return "this MLU has no FP8 declared"
+        return f"{chip.device_name} ({chip.identity}) has no FP8: {chip.facts['fp8_source']}"
 
 
 cambricon = CambriconBackend()

@@ -9,20 +9,24 @@ index conventions (tmo's paged caches are [blocks, heads, block_size, dim]; the 
 are [blocks, block_size, dim], i.e. one head), calls the vendor op and returns exactly the
 canonical outputs. Each `supports()` checks the documented per-call constraints of the tmo
 op and returns a reason when a call falls outside them, so dispatch moves on instead of the
-vendor op failing on the device. Semantics follow the torch_mlu_ops 1.12 docstrings
-("Math:" sections), summarised in README.md.
+vendor op failing on the device. Semantics follow the torch_mlu_ops 1.12.1 docstrings
+("Math:" sections; chips.TMO_API: any other torch_mlu_ops version declines every tmo adapter),
+summarised in README.md. No adapter reads device data on the host, except where the op's
+output size is the data (moe_permute's row count, kv_cache_gather's total length).
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined,
-                                     no_permuted_rows, pad_heads, permuted_in_contract_order, repeated_slot,
-                                     sigmoid_underflow, spare_expert_ids, weight_cast_declined, write_key_rows)
+from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, dtype_name, first_reason,
+                                     int32_slots_declined, no_permuted_rows, pad_heads, permuted_in_contract_order,
+                                     repeated_slot, sigmoid_underflow, spare_expert_ids, weight_cast_declined,
+                                     write_key_rows)
 
 from .kernels import KernelLibrary
 
@@ -35,7 +39,7 @@ _FP8 = torch.float8_e4m3fn
 FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
-# -- vendor constraints (torch_mlu_ops 1.12 docstrings; see README.md) ------------------------
+# -- vendor constraints (torch_mlu_ops 1.12.1 docstrings; see README.md) ----------------------
 ROTARY_MAX_HEAD_SIZE = 256            # apply_rotary: head_size in [2, 256]
 INDEXER_HEADS = (32, 64)              # masked_indexer_select_paged_kv: head_num 32 or 64
 INDEXER_DIM = 128                     # ... head_size 128
@@ -53,31 +57,67 @@ OP_LIMITS = {
     "tmo.moe_combine_result": "one row per (token, slot): repeated src entries are declined",
     "tmo.reshape_paged_cache": "int32 slots (caches up to 2^31-1 slots); FP8 rows copied as bytes",
     "tmo.reshape_from_cache": "contiguous caches only",
-    "tmo.quant_to_paged_cache": "FP8 MLUs only; no ue8m0 scales; rows with amax < 1e-4 declined "
-                                "(no scale floor in the vendor op)",
+    "indexer_k_cache_write": "FP8 MLUs only (torch.mlu.is_fp8_supported()); quantised on the device, rows and "
+                             "scales written with tmo.reshape_paged_cache (which skips -1 slots)",
     "tmo.masked_indexer_select_paged_kv": f"head_size {INDEXER_DIM}, <= {INDEXER_HEADS[-1]} heads "
-                                          f"(zero-padded to {INDEXER_HEADS}), bf16/fp16, every "
-                                          "context_len >= N, no FP8 keys with a bf16 query",
+                                          f"(zero-padded to {INDEXER_HEADS}), bf16/fp16, one decode row per "
+                                          "query (its length >= 1), no FP8 keys with a bf16 query",
+    "tmo.smooth_quant_group_gemm": "int8_gemm / int8_grouped_gemm (per-token x per-channel scales) and, on FP8 MLUs, "
+                                   "fp8_block_gemm / fp8_grouped_gemm (its a_groupwise-b_per_block mode: N a multiple "
+                                   "of 128); half/bfloat16 out only; no float32 bias",
+    "torch_mlu_ops version": "1.12.1 only (the one public release; chips.TMO_API)",
     "sparse_mla_decode_paged (BANG C)": f"Dqk <= {_DECODE.max_dqk}, H <= {_DECODE.max_heads}",
 }
 
 
+def _tmo_declined(backend: "CambriconBackend") -> str | None:
+    """Every tmo call follows the one public torch_mlu_ops version (chips.TMO_API)."""
+    return backend.unverified("tmo_api")
+
+
 # -- shared conversions ------------------------------------------------------------------------
+_TURN_BITS = 62                      # a turn is 2^62 in the fixed-point angles below
+_LOW31 = (1 << 31) - 1
+_turns_per_position: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _frequency_turns(rot: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """theta^(-2i/rot) / (2 pi), turns per position of pair i, as a 62-bit fraction split in
+    its high and low 31 bits (int64 [rot/2] each), made once per (rot, theta, device) from host
+    constants."""
+    key = (rot, float(theta), str(device))
+    if key not in _turns_per_position:
+        fixed = [round(math.pow(float(theta), -2.0 * i / rot) / (2 * math.pi) * 2.0 ** _TURN_BITS)
+                 for i in range(rot // 2)]
+        _turns_per_position[key] = (torch.tensor([f >> 31 for f in fixed], dtype=_I64, device=device),
+                                    torch.tensor([f & _LOW31 for f in fixed], dtype=_I64, device=device))
+    return _turns_per_position[key]
+
+
 def rotary_tables(positions: Tensor, rot: int, theta: float, interleaved: bool,
                   device: torch.device) -> tuple[Tensor, Tensor]:
     """float32 [T, rot] sin and cos tables, one row per token (row t for positions[t]),
     laid out as tmo.apply_rotary reads them: each angle repeated over its pair for the
-    interleaved mode, the two halves for the folded one. Angles are formed in float64 on the
-    host: MLUs have no float64, and a float32 angle of a large position is off by more than
-    the float32 tolerance of the op."""
-    exponents = torch.arange(rot // 2, dtype=torch.float64) * (-2.0 / rot)
-    angles = positions.to("cpu", torch.float64)[:, None] * torch.pow(float(theta), exponents)[None, :]
-    sin, cos = angles.sin().to(_F32), angles.cos().to(_F32)
+    interleaved mode, the two halves for the folded one.
+
+    The angle p * f_i is reduced modulo a turn exactly, in int64 fixed point on the device:
+    (p * F_i) mod 2^62 with F_i = f_i / (2 pi) * 2^62, the product split over F_i's two 31-bit
+    halves so that nothing overflows for |p| < 2^32; only the reduced fraction is rounded to
+    float32 and turned into radians in [-pi, pi). A float32 angle p * f_i is off by up to
+    |p| * 2^-24 rad (0.008 rad at p = 131072), far beyond the op's float32 tolerance; float64 on
+    an MLU is UNVERIFIED, and forming angles on the host would copy the positions back."""
+    high, low = _frequency_turns(rot, theta, device)
+    p = positions.to(_I64)[:, None]   # on the device already (the contract puts every input there)
+    mask = (1 << _TURN_BITS) - 1
+    turns = ((((p * high[None, :]) & _LOW31) << 31) + ((p * low[None, :]) & mask)) & mask
+    centred = torch.where(turns >= (1 << (_TURN_BITS - 1)), turns - (1 << _TURN_BITS), turns)
+    angles = centred.to(_F32) * (2.0 * math.pi * 2.0 ** -_TURN_BITS)
+    sin, cos = angles.sin(), angles.cos()
     if interleaved:
         sin, cos = sin.repeat_interleave(2, dim=-1), cos.repeat_interleave(2, dim=-1)
     else:
         sin, cos = torch.cat((sin, sin), dim=-1), torch.cat((cos, cos), dim=-1)
-    return sin.to(device), cos.to(device)
+    return sin.contiguous(), cos.contiguous()
 
 
 def scatter_to_slots(y: Tensor, src: Tensor, slots: int) -> Tensor:
@@ -96,7 +136,7 @@ def _as_bytes(t: Tensor) -> Tensor:
 
 # -- common ------------------------------------------------------------------------------------
 def rms_norm_supported(backend: "CambriconBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
-    return weight_cast_declined(x, weight, "tmo.fused_rms_norm takes gamma") or True
+    return _tmo_declined(backend) or weight_cast_declined(x, weight, "tmo.fused_rms_norm takes gamma") or True
 
 
 def rms_norm(backend: "CambriconBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -106,6 +146,10 @@ def rms_norm(backend: "CambriconBackend", x: Tensor, weight: Tensor, eps: float)
     gamma = weight.to(x.dtype).contiguous()
     out = backend.runtime.tmo.fused_rms_norm(rows, None, gamma, None, None, float(eps), False)
     return out.view(x.shape)
+
+
+def silu_and_mul_supported(backend: "CambriconBackend", x: Tensor) -> Verdict:
+    return _tmo_declined(backend) or True
 
 
 def silu_and_mul(backend: "CambriconBackend", x: Tensor) -> Tensor:
@@ -119,6 +163,8 @@ def silu_and_mul(backend: "CambriconBackend", x: Tensor) -> Tensor:
 
 def apply_rope_supported(backend: "CambriconBackend", x: Tensor, positions: Tensor, theta: float,
                          interleaved: bool) -> Verdict:
+    if _tmo_declined(backend):
+        return _tmo_declined(backend)
     if x.shape[2] > ROTARY_MAX_HEAD_SIZE:
         return f"tmo.apply_rotary takes head_size <= {ROTARY_MAX_HEAD_SIZE}, got a rotary dim of {x.shape[2]}"
     return True
@@ -132,7 +178,7 @@ def apply_rope(backend: "CambriconBackend", x: Tensor, positions: Tensor, theta:
     # One table row per token, so position_ids is simply 0..T-1 (discrete mode) and any
     # position, negative ones included (the backward rotates by -positions), works.
     row_ids = torch.arange(tokens, dtype=_I32, device=x.device)
-    cu_seqlens = torch.tensor([0, tokens], dtype=_I32, device=x.device)
+    cu_seqlens = torch.arange(2, dtype=_I32, device=x.device) * tokens   # [0, T], made on the device
     xf = x.to(_F32).contiguous()
     out = torch.empty_like(xf)
     backend.runtime.tmo.apply_rotary(xf, sin, cos, row_ids, cu_seqlens, interleaved, True, False, tokens,
@@ -143,6 +189,8 @@ def apply_rope(backend: "CambriconBackend", x: Tensor, positions: Tensor, theta:
 # -- MoE ---------------------------------------------------------------------------------------
 def moe_route_supported(backend: "CambriconBackend", logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
                         norm_topk_prob, score_func) -> Verdict:
+    if _tmo_declined(backend):
+        return _tmo_declined(backend)
     if score_func == "softmax" and n_group > 1:
         return ("tmo.moe_softmax_topk scores an expert group by its best expert (the contract: by its "
                 "best two) and masks dropped groups with 0, not -inf")
@@ -174,6 +222,10 @@ def moe_route(backend: "CambriconBackend", logits: Tensor, bias: Tensor | None, 
     return weights, ids.to(_I32)
 
 
+def moe_permute_supported(backend: "CambriconBackend", x: Tensor, ids: Tensor, num_experts: int) -> Verdict:
+    return _tmo_declined(backend) or True
+
+
 def moe_permute(backend: "CambriconBackend", x: Tensor, ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     if ids.numel() == 0:
         return no_permuted_rows(x, ids, num_experts)
@@ -183,14 +235,15 @@ def moe_permute(backend: "CambriconBackend", x: Tensor, ids: Tensor, num_experts
     # leaves out.
     expert_id, expert_num = spare_expert_ids(ids, num_experts)
     expand_idx, combine_idx, token_count, cusum = tmo.moe_gen_idx(expert_id, expert_num)[:4]
-    rows = int(cusum[num_experts])
+    rows = int(cusum[num_experts])   # the output size is the data: the op's one host read
     x_perm = tmo.moe_expand_input(x.contiguous(), expand_idx, cusum, 0, num_experts)[:rows]
     # combine_idx maps flat slot -> row
     return permuted_in_contract_order(x_perm, combine_idx, token_count[:num_experts].to(_I32))
 
 
 def moe_unpermute_supported(backend: "CambriconBackend", y: Tensor, src: Tensor, weights: Tensor) -> Verdict:
-    return repeated_slot(src, weights.shape[0] * weights.shape[1], "tmo.moe_combine_result") or True
+    return (_tmo_declined(backend)
+            or repeated_slot(src, weights.shape[0] * weights.shape[1], "tmo.moe_combine_result") or True)
 
 
 def moe_unpermute(backend: "CambriconBackend", y: Tensor, src: Tensor, weights: Tensor) -> Tensor:
@@ -204,6 +257,8 @@ def moe_unpermute(backend: "CambriconBackend", y: Tensor, src: Tensor, weights: 
 
 
 def grouped_gemm_supported(backend: "CambriconBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
+    if _tmo_declined(backend):
+        return _tmo_declined(backend)
     if x.dtype == _F32 and _tf32_enabled(backend.runtime.backends):
         return ("tmo.group_gemm would run this float32 GEMM in TF32 "
                 "(torch.backends.mlu.matmul.fp32_precision is 'tf32')")
@@ -228,7 +283,7 @@ def _tf32_enabled(backends) -> bool:
 # -- KV cache ----------------------------------------------------------------------------------
 def kv_cache_write_supported(backend: "CambriconBackend", cache: Tensor, values: Tensor,
                              slot_mapping: Tensor) -> Verdict:
-    return int32_slots_declined(cache, "tmo.reshape_paged_cache") or True
+    return _tmo_declined(backend) or int32_slots_declined(cache, "tmo.reshape_paged_cache") or True
 
 
 def kv_cache_write(backend: "CambriconBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
@@ -237,6 +292,8 @@ def kv_cache_write(backend: "CambriconBackend", cache: Tensor, values: Tensor, s
 
 def kv_cache_gather_supported(backend: "CambriconBackend", cache: Tensor, block_table: Tensor,
                               context_lens: Tensor) -> Verdict:
+    if _tmo_declined(backend):
+        return _tmo_declined(backend)
     if not cache.is_contiguous():
         return ("tmo.reshape_from_cache reads a contiguous paged cache; this one is a strided view "
                 "(copying it would cost a whole-cache copy per call)")
@@ -245,49 +302,54 @@ def kv_cache_gather_supported(backend: "CambriconBackend", cache: Tensor, block_
 
 def kv_cache_gather(backend: "CambriconBackend", cache: Tensor, block_table: Tensor, context_lens: Tensor) -> Tensor:
     blocks, block_size, dim = cache.shape
-    total = int(context_lens.sum()) if context_lens.numel() else 0
+    total = int(context_lens.sum()) if context_lens.numel() else 0   # the output size is the data: one host read
     out = cache.new_empty((total, dim))
     if total == 0:
         return out
+    # max_context_len only has to bound the lengths: every sequence fits its block-table row
+    bound = block_table.shape[1] * block_size
     backend.runtime.tmo.reshape_from_cache(
         _as_bytes(out).view(total, 1, dim), None, _as_bytes(cache).view(blocks, 1, block_size, dim), None,
-        context_lens.contiguous(), int(context_lens.max()), None, block_table.contiguous(), None)
+        context_lens.contiguous(), bound, None, block_table.contiguous(), None)
     return out
 
 
 def indexer_k_cache_write_supported(backend: "CambriconBackend", k: Tensor, k_cache: Tensor, k_scale: Tensor,
                                     slot_mapping: Tensor, scale_fmt: str | None) -> Verdict:
-    def small_rows() -> str | None:
-        written = k[slot_mapping >= 0]
-        if written.numel() and bool((written.abs().amax(dim=-1) < FP8_MIN_AMAX).any()):
-            return (f"a row's amax is below {FP8_MIN_AMAX:g}: tmo.quant_to_paged_cache scales by amax/448 "
-                    f"with no floor, the contract by max(amax, {FP8_MIN_AMAX:g})/448")
-        return None
-    return first_reason(
-        backend.fp8_declined,
-        lambda: None if scale_fmt is None else
-        f"tmo.quant_to_paged_cache writes plain amax/448 scales, not scale_fmt={scale_fmt!r}",
-        small_rows)
+    return first_reason(lambda: _tmo_declined(backend), backend.fp8_declined,
+                        lambda: int32_slots_declined(k_cache, "tmo.reshape_paged_cache"))
 
 
 def indexer_k_cache_write(backend: "CambriconBackend", k: Tensor, k_cache: Tensor, k_scale: Tensor,
                           slot_mapping: Tensor, scale_fmt: str | None) -> None:
-    written = slot_mapping >= 0
-    # Padding rows are dropped here: the docstring of quant_to_paged_cache (unlike
-    # reshape_paged_cache's) does not say it skips negative slots.
-    keys, slots = k[written].contiguous(), slot_mapping[written].to(_I32).contiguous()
-    if keys.shape[0] == 0:
+    """Each key row is quantised as one FP8 block on the device, by the contract's rule (scale
+    max(amax, 1e-4) / 448, ue8m0 rounding when asked), then rows and scales are written with
+    tmo.reshape_paged_cache, which skips -1 slots (its docstring's Math). The fused
+    tmo.quant_to_paged_cache is not used: it has no scale floor and no ue8m0 scales, and its
+    docstring does not say it skips -1 slots -- all three would need a host read to decline."""
+    tokens, dim = k.shape
+    if tokens == 0:
         return None
-    blocks, block_size, dim = k_cache.shape
-    backend.runtime.tmo.quant_to_paged_cache(
-        keys.view(-1, 1, dim), None, k_cache.view(blocks, 1, block_size, dim), None,
-        k_scale.view(blocks, 1, block_size), None, slots)
+    blocks, block_size, _ = k_cache.shape
+    kf = k.float()
+    scale = kf.abs().amax(dim=-1, keepdim=True).clamp_min(FP8_MIN_AMAX) / FP8_MAX
+    if scale_fmt == "ue8m0":
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q = (kf / scale).clamp(-FP8_MAX, FP8_MAX).to(_FP8)
+    slots = slot_mapping.to(_I32).contiguous()
+    tmo = backend.runtime.tmo
+    tmo.reshape_paged_cache(_as_bytes(q).view(tokens, 1, dim), None,
+                            _as_bytes(k_cache).view(blocks, 1, block_size, dim), None, slots)
+    tmo.reshape_paged_cache(scale.to(k_scale.dtype).view(tokens, 1, 1), None,
+                            k_scale.view(blocks, 1, block_size, 1), None, slots)
     return None
 
 
 # -- DSA ---------------------------------------------------------------------------------------
 def indexer_topk_paged_supported(backend: "CambriconBackend", q, k_cache, weights, block_table, context_lens,
                                  topk) -> Verdict:
+    if _tmo_declined(backend):
+        return _tmo_declined(backend)
     if isinstance(k_cache, (tuple, list)):
         return ("FP8 keys: tmo.masked_indexer_select_paged_kv takes a quantised key cache together with a "
                 "quantised query (q_scale); quantising the bf16/fp16 query would change the scores")
@@ -296,44 +358,138 @@ def indexer_topk_paged_supported(backend: "CambriconBackend", q, k_cache, weight
         return f"tmo.masked_indexer_select_paged_kv needs head_size {INDEXER_DIM}, got {dim}"
     if heads > INDEXER_HEADS[-1]:
         return f"tmo.masked_indexer_select_paged_kv takes at most {INDEXER_HEADS[-1]} heads, got {heads}"
-    if batch and bool((context_lens < queries).any()):
-        return (f"tmo.masked_indexer_select_paged_kv needs every context_len >= N = {queries} (its causal "
-                "mask assumes the queries lie inside the context)")
     return True
 
 
 def indexer_topk_paged(backend: "CambriconBackend", q: Tensor, k_cache: Tensor, weights: Tensor, block_table: Tensor,
                        context_lens: Tensor, topk: int) -> Tensor:
+    """Each (sequence, query) is one decode row of the vendor op: query i of N sees the keys
+    [0, context_len - N + i + 1), so that row's k_context_len is that count. The op wants "the
+    real length of Q not greater than the real length of K", i.e. at least one key: rows that
+    see none get length 1 over block 0 (always a real block: their own table may hold none)
+    and every entry masked to -1 afterwards, on the device."""
     batch, queries, heads, dim = q.shape
-    if batch == 0:
-        return q.new_empty((0, queries, topk), dtype=_I32)
+    if batch == 0 or queries == 0 or k_cache.shape[0] == 0:   # no cache blocks: no context has keys
+        return q.new_full((batch, queries, topk), -1, dtype=_I32)
+    rows = batch * queries
     padded = INDEXER_HEADS[0] if heads <= INDEXER_HEADS[0] else INDEXER_HEADS[1]
     # Extra heads get weight 0: relu(q.k) * 0 adds nothing to a logit.
-    q_in = pad_heads(q, padded, dim=2)
-    w_in = pad_heads(weights, padded, dim=2).unsqueeze(-1)
+    q_in = pad_heads(q, padded, dim=2).view(rows, 1, padded, dim)
+    w_in = pad_heads(weights, padded, dim=2).view(rows, 1, padded, 1)
     blocks, block_size, _ = k_cache.shape
+    visible = (context_lens.to(_I32)[:, None] - queries + 1
+               + torch.arange(queries, dtype=_I32, device=q.device)[None, :]).reshape(rows)
+    lengths = visible.clamp(min=1).contiguous()
+    table = block_table.to(_I32).repeat_interleave(queries, dim=0)
+    table = torch.where((visible > 0)[:, None], table, 0).contiguous()
     # With kv_cache_block_size 1 the op returns kv_cache_block_table[selected]: a table of
-    # 0..L-1 turns that into the logical positions the contract returns.
-    longest = max(int(context_lens.max()), 1)
-    positions = torch.arange(longest, dtype=_I32, device=q.device).expand(batch, longest).contiguous()
+    # 0..L-1 (L bounds every context: a block-table row's capacity, read from the shapes, not
+    # the data) turns that into the logical positions the contract returns.
+    longest = max(block_table.shape[1] * block_size, 1)
+    positions = torch.arange(longest, dtype=_I32, device=q.device).expand(rows, longest).contiguous()
     selected, counts = backend.runtime.tmo.masked_indexer_select_paged_kv(
         q_in, k_cache.view(blocks, 1, block_size, dim), w_in, positions, None, None,
-        context_lens.contiguous(), block_table.contiguous(), False, topk, 1, 1.0, is_score_float=True)
-    valid = torch.arange(topk, device=q.device) < counts.view(batch, queries, 1)
-    return torch.where(valid, selected, -1).to(_I32)
+        lengths, table, False, topk, 1, 1.0, is_score_float=True)
+    valid = torch.arange(topk, device=q.device) < torch.minimum(counts.view(rows, 1), visible.view(rows, 1))
+    return torch.where(valid, selected.view(rows, topk), -1).to(_I32).view(batch, queries, topk)
+
+
+# -- the checkpoints' quantized GEMMs: tmo.smooth_quant_group_gemm ----------------------------------
+_QBLOCK = 128   # the FP8 checkpoints' block (glm5_hal.reference.quant.FP8_GEMM_BLOCK)
+
+
+def _sq_declined(backend: "CambriconBackend", out_dtype: torch.dtype) -> str | None:
+    return _tmo_declined(backend) or (
+        None if out_dtype in HALVES else
+        f"tmo.smooth_quant_group_gemm writes half or bfloat16 only (its dtype argument), not {dtype_name(out_dtype)}")
+
+
+def _sq_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, counts: Tensor,
+             out_dtype: torch.dtype) -> Tensor:
+    """smooth_quant_group_gemm(a, b [E, N, K], m_list, None, None, None, None, a_scale, b_scale,
+    dtype, max_m), as vllm-mlu's W8A8 MoE calls it (vllm_mlu/_mlu_ops.py @8fa99fd9); max_m only has
+    to bound the counts (its docstring asks for "the theoretical maximum"): the row count does,
+    without reading them."""
+    rows, cols = a.shape[0], b.shape[1]
+    if rows == 0 or cols == 0 or a.shape[1] == 0:   # nothing to multiply: the contract's zeros
+        return a.new_zeros((rows, cols), dtype=out_dtype)
+    return backend.runtime.tmo.smooth_quant_group_gemm(
+        a.contiguous(), b.contiguous(), counts.to(_I32).contiguous(), None, None, None, None, a_scale.contiguous(),
+        b_scale.contiguous(), out_dtype, rows)
+
+
+def int8_gemm_supported(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                        out_dtype: torch.dtype, bias: Tensor | None) -> Verdict:
+    return first_reason(
+        lambda: _sq_declined(backend, out_dtype),
+        lambda: None if bias is None else
+        "tmo.smooth_quant_group_gemm takes its bias in half/bfloat16 (Type: bias): the float32 bias would round "
+        "before it is added")
+
+
+def int8_gemm(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+              out_dtype: torch.dtype, bias: Tensor | None) -> Tensor:
+    """One expert holding every row (Math: d_i = matmul(a_i, b[i]) * outer(a_scale_i, b_scale[i]))."""
+    counts = torch.full((1,), x.shape[0], dtype=_I32, device=x.device)
+    return _sq_gemm(backend, x, x_scale, w.unsqueeze(0), w_scale.unsqueeze(0), counts, out_dtype)
+
+
+def int8_grouped_gemm_supported(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                                tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return _sq_declined(backend, out_dtype) or True
+
+
+def int8_grouped_gemm(backend: "CambriconBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                      tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    return _sq_gemm(backend, x, x_scale, w, w_scale, tokens_per_expert, out_dtype)
+
+
+def _fp8_block_declined(backend: "CambriconBackend", n: int, out_dtype: torch.dtype) -> str | None:
+    return (_sq_declined(backend, out_dtype) or backend.fp8_declined()
+            or (None if n % _QBLOCK == 0 else
+                f"tmo.smooth_quant_group_gemm's per-block FP8 mode needs N a whole number of blocks (n_block * "
+                f"n_block_size == n), got N = {n}"))
+
+
+def fp8_block_gemm_supported(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                             out_dtype: torch.dtype) -> Verdict:
+    return _fp8_block_declined(backend, w.shape[0], out_dtype) or True
+
+
+def fp8_block_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                   out_dtype: torch.dtype) -> Tensor:
+    """The a_groupwise-b_per_block mode: a_scale as (k_block, total_m), b_scale (experts, n_block,
+    k_block) (the docstring's Args; its Math shows only the per-token mode: the per-block product
+    is inferred, UNVERIFIED beyond the emulator)."""
+    counts = torch.full((1,), a.shape[0], dtype=_I32, device=a.device)
+    return _sq_gemm(backend, a, a_scale.transpose(0, 1), w.unsqueeze(0), w_scale.unsqueeze(0), counts, out_dtype)
+
+
+def fp8_grouped_gemm_supported(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                               tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return _fp8_block_declined(backend, w.shape[1], out_dtype) or True
+
+
+def fp8_grouped_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                     tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    return _sq_gemm(backend, a, a_scale.transpose(0, 1), w, w_scale, tokens_per_expert, out_dtype)
 
 
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
-    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
     Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
     Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
-    Adapter("moe_permute", moe_permute, dtypes=FLOATS),
+    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
     Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS + (_FP8,), supports=kv_cache_write_supported),
     Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS + (_FP8,), supports=kv_cache_gather_supported),
     Adapter("indexer_k_cache_write", indexer_k_cache_write, dtypes=FLOATS, supports=indexer_k_cache_write_supported),
     Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports=indexer_topk_paged_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports=int8_grouped_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports=fp8_grouped_gemm_supported),
     SPARSE_MLA_DECODE_PAGED,   # the BANG C kernel (kernels.py)
 )

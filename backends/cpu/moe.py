@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from glm5_hal.checks import expert_counts
+
 from . import cpu
 from .native import _C, FLOATS, threads
 
@@ -29,7 +31,9 @@ def moe_unpermute(y, src, weights):
     return out
 
 
-@cpu.impl("grouped_gemm", dtypes=FLOATS)
+# validates_values: the bf16 kernel checks the counts itself (csrc/qgemm.cpp); the torch path
+# checks them before slicing by them.
+@cpu.impl("grouped_gemm", dtypes=FLOATS, validates_values=True)
 def grouped_gemm(x, w, tokens_per_expert):
     if x.dtype == torch.bfloat16:  # the MoE layer's dtype: native tiles (AMX / AVX-512 BF16 / AVX2)
         out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
@@ -38,6 +42,7 @@ def grouped_gemm(x, w, tokens_per_expert):
     # float16 / float32: torch's GEMMs (oneDNN/BLAS; float16 accumulates in float32 inside). What
     # is saved against the reference: no float32 copies of x and w, and each expert's product
     # lands in its slice of one output (no torch.cat).
+    expert_counts("grouped_gemm", tokens_per_expert, x.shape[0], "x")
     out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
     start = 0
     for e, n in enumerate(tokens_per_expert.tolist()):

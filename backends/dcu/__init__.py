@@ -18,6 +18,8 @@ is the reason; nothing raises):
 2. torch >= arch.MIN_TORCH                               -> "torch X is too old: ..."
 3. a DCU is visible                                      -> "no DCU device visible (...)"
 4. the device's name and gcnArchName are read            -> "reading the DCU identity failed: ..."
+5. the versioned behaviours (arch.BEHAVIOURS: lightop's module layout) are chosen from the
+   installed lightop; a version outside the verified range narrows the backend
 lightop, vLLM's _C and the kernels are optional: an adapter that needs a missing one
 declines with the reason. README.md has the op mapping and what has been verified how.
 """
@@ -41,6 +43,7 @@ _OTHER_STACKS = {
 class DcuBackend(VendorBackend):
     vendor_name = "dcu"
     adapters = ops.ADAPTERS
+    behaviours = arch.BEHAVIOURS
     op_limits = ops.OP_LIMITS
     kernels_limit = "dcu_kernels"
     device_noun = "DCU device"
@@ -75,7 +78,9 @@ class DcuBackend(VendorBackend):
             raise Declined(f"this is {_OTHER_STACKS.get(flavor, flavor)}, not a Hygon DCU")
         version = require_version("torch", module_version(torch_module), arch.MIN_TORCH,
                                   f"glm5_hal needs torch >= {dotted(arch.MIN_TORCH)}")
-        return {"torch": version, "hcu": str(getattr(torch_module, "__hcu_version__", ""))}
+        lightop = runtime.package_version(arch.LIGHTOP)
+        return {"torch": version, "hcu": str(getattr(torch_module, "__hcu_version__", "")),
+                **({arch.LIGHTOP: lightop} if lightop else {})}
 
     def devices(self, runtime: Any) -> Any:
         return runtime.torch.cuda
@@ -86,7 +91,8 @@ class DcuBackend(VendorBackend):
         device_name, gcn_arch = str(props.name), str(getattr(props, "gcnArchName", ""))
         gen = arch.generation_of(gcn_arch)
         known = gen.gfx if gen is not None else f"{gcn_arch or 'no gcnArchName'}, not in glm5_hal's table"
-        summary = f"{count} x {device_name} ({known}), torch {versions['torch']} (hcu {versions['hcu']})"
+        summary = f"{count} x {device_name} ({known}), torch {versions['torch']} (hcu {versions['hcu']})" + (
+            f", lightop {versions[arch.LIGHTOP]}" if arch.LIGHTOP in versions else "")
         gfx = gcn_arch.split(":")[0]
         return ChipInfo(device_name, count, summary, generation=gen, identity=gfx, versions=versions,
                         facts={"gcn_arch": gfx})

@@ -1,29 +1,65 @@
-"""Hygon DCU generations, minimum versions, and the facts the adapters depend on.
+"""Hygon DCU generations, the vendor package versions the adapters were read from, and the
+facts they depend on.
 
-Sources (README.md, "Sources"): vllm-plugin-das (HCUPlatform: device type "cuda", dist
-backend "nccl", gcnArchName checks for gfx936/gfx938; lightop wrappers for RMSNorm and
-SiLU-and-mul), FlagGems (torch.__hcu_version__ marks a Hygon torch build), GPUStack
-(PCI vendor 0x1d94, product names K100_AI, Z100L, BW1000), field notes (gfx numbers per
-product: the public sources disagree, so the table marks what is unconfirmed), and a field
-report on lightop's top-k (it leaves the unused slots unwritten when a row has fewer keys
-than top-k). Every fact is one constant here, so a wrong one is one edit.
+Every fact names its public source: HYGON-AI/vllm-plugin-das (the DCU plugin of vLLM, which
+calls Hygon's closed `lightop`): vllm_hcu/platforms/hcu.py @01211a04, vllm_hcu/ops/
+rms_norm.py @474991d4, vllm_hcu/ops/silu_and_mul.py @10ca569f, docs/superpowers/specs/
+2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e (LightOp 0.6's module layout,
+read from the installed 0.6.0+das.dtk2604 wheel); vllm-project/vllm csrc/sampler.cu @00e831b2
+(the top-k kernel lightop's mirrors); FlagGems (torch.__hcu_version__). lightop itself is
+closed: facts only lightop's code could confirm are marked UNVERIFIED.
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from glm5_hal.vendor_backend import Behaviour, Era
 from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
-#: glm5_hal itself needs torch >= 2.6 (pyproject.toml); a DTK torch older than that is refused.
+#: glm5_hal itself needs torch >= 2.6 (pyproject.toml): not a vendor fact.
 MIN_TORCH = (2, 6)
-#: Where lightop keeps the functions the adapters call (tried in order; vllm-plugin-das moved
-#: silu_and_mul_opt from lightop.op to lightop.activation).
-LIGHTOP_RMS_NORM = (("op", "rmsnorm_forward_autograd"),)
-LIGHTOP_SILU_AND_MUL = (("activation", "silu_and_mul_opt"), ("op", "silu_and_mul_opt"))
-#: lightop's per-row top-k with vLLM's top_k_per_row_prefill signature (the field report's
-#: kernel). Its module path is unconfirmed: both places are tried.
-LIGHTOP_TOP_K = (("", "top_k_per_row_prefill"), ("op", "top_k_per_row_prefill"))
+#: The distribution whose version decides where lightop keeps its functions (the design doc
+#: names the installed wheel "LightOp 0.6.0+das.dtk2604.torch2110..."; that the distribution
+#: is called `lightop` is UNVERIFIED: an unreadable version narrows the lightop adapters away).
+LIGHTOP = "lightop"
+#: lightop's RMSNorm "rejects reductions narrower than one wave": vllm-plugin-das routes
+#: hidden sizes below this to vLLM's own kernel (_LIGHTOP_RMSNORM_MIN_COLS,
+#: vllm_hcu/ops/rms_norm.py:17 @474991d4).
+LIGHTOP_RMSNORM_MIN_COLS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class LightopLayout:
+    """Where one lightop version keeps the functions the adapters call: (submodule, name)
+    places, tried in order."""
+    rms_norm: tuple[tuple[str, str], ...]
+    silu_and_mul: tuple[tuple[str, str], ...]
+    top_k: tuple[tuple[str, str], ...]
+
+
+#: Before LightOp 0.6 everything lived in `lightop.op` (vllm-plugin-das's older
+#: vllm_hcu/ops/rms_norm.py: `from lightop.op import rmsnorm_forward_autograd`;
+#: silu_and_mul.py @10ca569f: `import lightop.op as op; op.silu_and_mul_opt`); 0.6 moved them
+#: to categorized modules -- lightop.norm, lightop.activation, lightop.attention -- and
+#: vllm-plugin-das imports those first, the old places only as a fallback ("compatible moves").
+#: Which versions before 0.6 had the `op` layout is not documented (UNVERIFIED); the adapters
+#: also check the function is there before using it.
+LIGHTOP_LAYOUT = Behaviour("lightop_layout", LIGHTOP, (
+    Era((0,), LightopLayout(rms_norm=(("op", "rmsnorm_forward_autograd"),),
+                            silu_and_mul=(("op", "silu_and_mul_opt"),),
+                            top_k=(("op", "top_k_per_row_prefill"),)),
+        "HYGON-AI/vllm-plugin-das vllm_hcu/ops/silu_and_mul.py @10ca569f (lightop.op.silu_and_mul_opt), the "
+        "pre-0.6 vllm_hcu/ops/rms_norm.py (lightop.op.rmsnorm_forward_autograd), docs/superpowers/specs/"
+        "2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e (top_k_per_row_prefill in lightop.op)"),
+    Era((0, 6, 0), LightopLayout(rms_norm=(("norm", "rmsnorm_forward_autograd"), ("op", "rmsnorm_forward_autograd")),
+                                 silu_and_mul=(("activation", "silu_and_mul_opt"), ("op", "silu_and_mul_opt")),
+                                 top_k=(("attention", "top_k_per_row_prefill"), ("op", "top_k_per_row_prefill"))),
+        "HYGON-AI/vllm-plugin-das docs/superpowers/specs/2026-08-25-lightop-categorized-api-v0251-design.md "
+        "@63935f8e (LightOp 0.6.0+das.dtk2604: lightop.norm, lightop.activation, lightop.attention); "
+        "vllm_hcu/ops/rms_norm.py @474991d4 (`from lightop.norm import ... rmsnorm_forward_autograd`)"),
+), verified_up_to=(0, 6, 0))
+
+BEHAVIOURS = (LIGHTOP_LAYOUT,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,20 +75,20 @@ class Generation:
         return f"{self.gfx} ({self.products})"
 
 
-#: gfx -> product. gfx906 is also AMD's Vega 20 (MI50/MI60): it alone does not make a DCU.
+#: gfx -> product. Only gfx936 and gfx938 appear in a public Hygon source (vllm-plugin-das
+#: vllm_hcu/platforms/hcu.py @01211a04 checks gcnArchName for them); the product names and
+#: every other gfx number are UNVERIFIED (they are labels: nothing keys on them but the
+#: dtype flags, which are conservative: no FP8 anywhere, no bf16 on gfx906, which is also
+#: AMD's Vega 20 (MI50/MI60) and alone does not make a DCU).
 GENERATIONS = (
     Generation("gfx906", "Z100/Z100L", bf16=False, fp8=False,
-               unconfirmed="bf16: the Vega 20 ISA has no bf16 instructions; DTK may still emulate it"),
-    Generation("gfx916", "K100 (one field note)", bf16=True, fp8=False, unconfirmed="gfx number per product"),
+               unconfirmed="product name; bf16 (the Vega 20 ISA has none; DTK may still emulate it)"),
+    Generation("gfx916", "K100 (UNVERIFIED)", bf16=True, fp8=False, unconfirmed="gfx number per product"),
     Generation("gfx926", "K100", bf16=True, fp8=False, unconfirmed="gfx number per product"),
-    Generation("gfx928", "K100_AI", bf16=True, fp8=False, unconfirmed="fp8 support"),
-    Generation("gfx936", "BW1000", bf16=True, fp8=False, unconfirmed="fp8 support"),
-    Generation("gfx938", "BW1100", bf16=True, fp8=False, unconfirmed="fp8 support"),
+    Generation("gfx928", "K100_AI", bf16=True, fp8=False, unconfirmed="product name; fp8 support"),
+    Generation("gfx936", "BW1000", bf16=True, fp8=False, unconfirmed="product name; fp8 support"),
+    Generation("gfx938", "BW1100", bf16=True, fp8=False, unconfirmed="product name; fp8 support"),
 )
-
-#: Hygon product names as torch.cuda.get_device_properties().name / hy-smi show them.
-HYGON_NAME = re.compile(r"^(K100|Z100|BW\d*|DCU)", re.IGNORECASE)
-
 
 def generation_of(gcn_arch_name: str) -> Generation | None:
     """gcnArchName looks like "gfx928" or "gfx928:sramecc+:xnack-"."""
@@ -66,8 +102,3 @@ def generation_of(gcn_arch_name: str) -> Generation | None:
 def device_dtypes(gen: Generation | None) -> frozenset:
     # unknown generation: assume bf16 (it is the common case), no FP8
     return shared_device_dtypes(bf16=gen is None or gen.bf16, fp8=gen is not None and gen.fp8)
-
-
-
-
-

@@ -9,11 +9,13 @@ calls the vendor function and returns exactly the canonical outputs. Each `suppo
 returns a reason when the call is outside what the vendor function takes (dtype, a missing
 package, kernels not built), so dispatch moves on.
 
-lightop's per-row top-k is reported (a field report on a K100_AI, GLM-5.2) to leave the
-slots of a row with fewer keys than top-k unwritten, i.e. whatever the buffer held. The
-indexer adapters pre-fill the buffer with -1 *and* keep only slots below the row's key
-count whose value is inside the row, so no stale or out-of-range index survives.
-README.md has the table.
+Where lightop keeps each function depends on its version (arch.LIGHTOP_LAYOUT: lightop.op
+before LightOp 0.6, lightop.norm / activation / attention from 0.6); a version outside the
+verified range declines the lightop adapters. lightop's per-row top-k follows vLLM's
+top_k_per_row_prefill (csrc/sampler.cu @00e831b2: -1 in the slots past a short row); the
+adapters pre-fill -1 and keep only in-row indices anyway, which costs two elementwise ops
+and removes any dependence on the closed kernel's tail handling (UNVERIFIED for lightop).
+No adapter reads device data on the host per call. README.md has the table.
 """
 from __future__ import annotations
 
@@ -39,9 +41,11 @@ HALVES = (_F16, _BF16)
 
 #: The vendor constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
-    "lightop rmsnorm_forward_autograd": "bf16/fp16 (the dtypes vLLM's DCU plugin runs it with), weight in x's dtype",
+    "lightop rmsnorm_forward_autograd": "bf16/fp16 (the dtypes vLLM's DCU plugin runs it with), weight in x's dtype, "
+                                        f"hidden size >= {arch.LIGHTOP_RMSNORM_MIN_COLS}",
     "lightop silu_and_mul_opt": "bf16/fp16; other dtypes use the DCU kernel when built",
-    "lightop top_k_per_row_prefill": "float32 logits rows; the unused slots are sanitised to -1",
+    "lightop top_k_per_row_prefill": "float32 logits rows; slots outside a row's keys kept at -1",
+    "lightop versions": "module layout read for lightop up to 0.6.0 (arch.LIGHTOP_LAYOUT); others are declined",
     "vLLM _C rotary_embedding": "in place on a float32 copy (float32 cos/sin); both pair layouts",
     "torch._grouped_mm": "probed once per dtype on the device (upstream ROCm torch limits its fast path to "
                          "MI300-class GPUs)",
@@ -49,19 +53,36 @@ OP_LIMITS = {
 }
 
 
-def _lightop_declined(backend: "DcuBackend", places, what: str) -> str | None:
+def _places(backend: "DcuBackend", function: str) -> tuple:
+    """Where the installed lightop keeps `function` (a field of arch.LightopLayout)."""
+    layout = backend.behaviour("lightop_layout")
+    return getattr(layout, function) if layout is not None else ()
+
+
+def _lightop_declined(backend: "DcuBackend", function: str, what: str) -> str | None:
     runtime = backend.runtime
     if runtime.lightop is None:
         return runtime.lightop_missing
-    if lightop_function(runtime.lightop, places) is None:
-        return f"lightop has no {what}"
+    unverified = backend.unverified("lightop_layout")
+    if unverified:
+        return unverified
+    if lightop_function(runtime.lightop, _places(backend, function)) is None:
+        where = " / ".join(f"lightop.{module}" for module, _ in _places(backend, function))
+        return f"lightop has no {what} (looked in {where})"
     return None
+
+
+def _lightop(backend: "DcuBackend", function: str):
+    return lightop_function(backend.runtime.lightop, _places(backend, function))
 
 
 # -- lightop: rms_norm, silu_and_mul -------------------------------------------------------------
 def rms_norm_supported(backend: "DcuBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
     return first_reason(
-        lambda: _lightop_declined(backend, arch.LIGHTOP_RMS_NORM, "rmsnorm_forward_autograd"),
+        lambda: None if x.shape[-1] >= arch.LIGHTOP_RMSNORM_MIN_COLS else
+        f"lightop's RMSNorm rejects reductions narrower than one wave ({arch.LIGHTOP_RMSNORM_MIN_COLS}); vLLM's DCU "
+        f"plugin routes hidden sizes below it elsewhere, got {x.shape[-1]}",
+        lambda: _lightop_declined(backend, "rms_norm", "rmsnorm_forward_autograd"),
         lambda: None if weight.dtype == x.dtype else
         f"lightop's RMSNorm takes the weight in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
         f"{dtype_name(x.dtype)} would round it")
@@ -70,13 +91,13 @@ def rms_norm_supported(backend: "DcuBackend", x: Tensor, weight: Tensor, eps: fl
 def rms_norm(backend: "DcuBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
     if x.numel() == 0:
         return torch.empty_like(x)
-    fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_RMS_NORM)
+    fn = _lightop(backend, "rms_norm")
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return fn(rows, weight.contiguous(), float(eps), False).view(x.shape)
 
 
 def _silu_route(backend: "DcuBackend", x: Tensor) -> tuple[str | None, str]:
-    lightop = _lightop_declined(backend, arch.LIGHTOP_SILU_AND_MUL, "silu_and_mul_opt")
+    lightop = _lightop_declined(backend, "silu_and_mul", "silu_and_mul_opt")
     if lightop is None and x.dtype in HALVES:
         return "lightop", ""
     kernel = backend.kernels.missing()
@@ -99,7 +120,7 @@ def silu_and_mul(backend: "DcuBackend", x: Tensor) -> Tensor:
     out = x.new_empty((*x.shape[:-1], half))
     if out.numel() == 0:
         return out
-    fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_SILU_AND_MUL)
+    fn = _lightop(backend, "silu_and_mul")
     fn(out.view(-1, half), x.reshape(-1, x.shape[-1]).contiguous())
     return out
 
@@ -168,8 +189,8 @@ def _dequantized(k: Any) -> Tensor:
 
 def sanitise_topk(indices: Tensor, lengths: Tensor) -> Tensor:
     """Keeps slot j of row r only if j < lengths[r] and 0 <= indices[r, j] < lengths[r]; -1
-    elsewhere. lightop fills exactly the first min(topk, length) slots of a row; the rest
-    may hold anything (also in-range numbers), so the slot position decides."""
+    elsewhere. vLLM's kernel writes -1 past a short row's keys; lightop's closed version of it
+    is not public, so the slot position decides rather than the kernel's tail."""
     slot = torch.arange(indices.shape[-1], device=indices.device)
     length = lengths.to(_I64).unsqueeze(-1)
     keep = (slot < length) & (indices >= 0) & (indices < length)
@@ -179,7 +200,7 @@ def sanitise_topk(indices: Tensor, lengths: Tensor) -> Tensor:
 def _lightop_topk(backend: "DcuBackend", logits: Tensor, starts: Tensor, ends: Tensor, topk: int) -> Tensor:
     """Top-k positions (relative to each row's start) of logits [rows, S] over [starts, ends)."""
     rows = logits.shape[0]
-    fn = lightop_function(backend.runtime.lightop, arch.LIGHTOP_TOP_K)
+    fn = _lightop(backend, "top_k")
     indices = torch.full((rows, topk), -1, dtype=_I32, device=logits.device)
     logits = logits.contiguous()
     starts, ends = starts.to(_I32).contiguous(), ends.to(_I32).contiguous()
@@ -195,7 +216,7 @@ def _indexer_route(backend: "DcuBackend", q: Tensor) -> tuple[str | None, str]:
     kernel = backend.kernels.missing() or gpu.indexer_shape_declined(q)
     if kernel is None:
         return "kernel", ""
-    lightop = _lightop_declined(backend, arch.LIGHTOP_TOP_K, "top_k_per_row_prefill")
+    lightop = _lightop_declined(backend, "top_k", "top_k_per_row_prefill")
     if lightop is None:
         return "lightop", ""
     return None, f"{kernel}; {lightop}"
@@ -240,11 +261,13 @@ def indexer_topk_paged(backend: "DcuBackend", q: Tensor, k_cache: Any, weights: 
         return gpu.indexer_topk_paged(backend, q, k_cache, weights, block_table, context_lens, topk)
     batch, queries, heads, dim = q.shape
     out = torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
-    span = int(context_lens.max()) if batch else 0
-    if out.numel() == 0 or span == 0:
-        return out
     keys = _dequantized(k_cache)
     block_size = keys.shape[1]
+    # every sequence's keys fit in its block-table row: a bound read from the shapes, not the
+    # data (reading context_lens.max() would synchronise the device)
+    span = block_table.shape[1] * block_size
+    if out.numel() == 0 or span == 0:
+        return out
     flat = keys.reshape(-1, dim)
     positions = torch.arange(span, device=q.device)
     step = _row_chunk(queries * heads * span + span * dim)

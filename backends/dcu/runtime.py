@@ -9,10 +9,11 @@ on CPU tensors, and the backend takes either by injection (`DcuBackend(runtime=.
     torch          __version__, version.hip / version.cuda, __hcu_version__, cuda (is_available,
                    device_count, current_device, get_device_properties(i).name / .gcnArchName,
                    current_stream(device).cuda_stream), _grouped_mm(a, b, offs, bias, out_dtype)
-    lightop        lightop.op.rmsnorm_forward_autograd(x, weight, eps, training),
-                   lightop.activation / lightop.op .silu_and_mul_opt(out, x),
-                   top_k_per_row_prefill(logits, row_starts, row_ends, indices, rows, s0, s1, k)
+    lightop        rmsnorm_forward_autograd(x, weight, eps, training), silu_and_mul_opt(out, x),
+                   top_k_per_row_prefill(logits, row_starts, row_ends, indices, rows, s0, s1, k),
+                   in the submodules arch.LIGHTOP_LAYOUT names for the installed version
                    -- or None, with lightop_missing the reason
+    package_version(name)                                     an installed distribution's version
     vllm_ops       torch.ops._C with rotary_embedding(positions, query, key, head_size,
                    cos_sin_cache, is_neox) -- or None, with vllm_ops_missing the reason
 """
@@ -22,6 +23,7 @@ import importlib
 import re
 from typing import Any
 
+from glm5_hal.vendor_backend import distribution_version
 from glm5_hal.vendors import installed
 
 _MISSING_LIBRARY = re.compile(r"(lib[\w.+-]*\.so[\w.]*)")
@@ -82,6 +84,10 @@ class DcuRuntime:
         self.__version__ = str(getattr(torch_module, "__version__", ""))
         self._lightop: tuple[Any, str] | None = None
         self._vllm: tuple[Any, str] | None = None
+
+    @staticmethod
+    def package_version(name: str) -> str | None:
+        return distribution_version(name)
 
     @property
     def lightop(self) -> Any:

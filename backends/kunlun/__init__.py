@@ -19,6 +19,9 @@ is the reason; nothing here raises or exits):
   5. torch is at least chips.MIN_TORCH (xpytorch's CUDA-compatible mode)
   6. an XPU is visible (torch.cuda.device_count() > 0)
   7. device 0 is a Kunlun3-class XPU: not an NVIDIA GPU, not a Kunlun2 (R200)
+  8. the versioned behaviours (chips.BEHAVIOURS) are chosen from the installed vLLM-Kunlun
+     (whose `_C` ops the MoE adapters call); a version outside the verified range narrows
+     the backend ("narrowed to what is verified")
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from typing import Any
 import torch
 
 from glm5_hal import hookimpl
-from glm5_hal.vendor_backend import (ChipInfo, Declined, VendorBackend, dotted, import_first, module_version,
-                                     require_version)
+from glm5_hal.vendor_backend import (ChipInfo, Declined, VendorBackend, distribution_version, dotted, import_first,
+                                     module_version, require_version)
 from glm5_hal.vendors import cuda_flavor
 
 from . import chips, kernels, ops
@@ -53,18 +56,23 @@ class XpuRuntime:
 
     def current_stream(self, device: torch.device) -> int:
         """The raw XPU stream of the device's current stream (xpytorch keeps torch.cuda's
-        `cuda_stream` name for it; unconfirmed)."""
+        `cuda_stream` name for it; UNVERIFIED)."""
         return int(self.cuda.current_stream(device).cuda_stream)
+
+    @staticmethod
+    def package_version(name: str) -> str | None:
+        return distribution_version(name)
 
 
 class KunlunBackend(VendorBackend):
     vendor_name = "kunlun"
     adapters = ops.ADAPTERS
+    behaviours = chips.BEHAVIOURS
     op_limits = ops.OP_LIMITS
     kernels_limit = "xpu_kernels"
     device_noun = "Kunlun XPU"
     device_count_call = "torch.cuda.device_count()"
-    device_check = "`{smi} -L` and {visible} / XPU_VISIBLE_DEVICES"
+    device_check = "`{smi} -L` and {visible}"
 
     def __init__(self, runtime: Any = None, *, torch_module: Any = None, **options: Any) -> None:
         # The torch whose attributes identify the stack (tests pass a stand-in).
@@ -97,7 +105,9 @@ class KunlunBackend(VendorBackend):
         version = require_version("torch", module_version(runtime.torch), chips.MIN_TORCH,
                                   f"Kunlun's CUDA-compatible mode (xpytorch) is torch >= {dotted(chips.MIN_TORCH)}")
         bridge = runtime.__version__
-        return {"torch": version, **({"torch_xmlir": bridge} if bridge else {})}
+        vllm_kunlun = runtime.package_version(chips.VLLM_KUNLUN)
+        return {"torch": version, **({"torch_xmlir": bridge} if bridge else {}),
+                **({chips.VLLM_KUNLUN: vllm_kunlun} if vllm_kunlun else {})}
 
     def devices(self, runtime: Any) -> Any:
         return runtime.cuda
@@ -110,8 +120,9 @@ class KunlunBackend(VendorBackend):
         if chips.is_kunlun2(device_name):
             raise Declined(f"unsupported XPU {device_name} (Kunlun2): the kunlun backend targets Kunlun3 (P800) "
                            "under xpytorch")
-        return ChipInfo(device_name, count, f"{count} x {device_name} (Kunlun3, CUDA-compatible mode), torch "
-                                            f"{versions['torch']}", versions=versions)
+        summary = f"{count} x {device_name} (Kunlun3, CUDA-compatible mode), torch {versions['torch']}" + (
+            f", vllm-kunlun {versions[chips.VLLM_KUNLUN]}" if chips.VLLM_KUNLUN in versions else "")
+        return ChipInfo(device_name, count, summary, versions=versions)
 
     def chip_dtypes(self, chip: ChipInfo) -> frozenset:
         return chips.DTYPES_KUNLUN3
@@ -120,7 +131,7 @@ class KunlunBackend(VendorBackend):
         runtime = self.runtime
         speedgate = "installed" if runtime.xspeedgate is not None else runtime.xspeedgate_missing
         return {"generation": "Kunlun3", "fp8": False, "indexer_key_quantisation": "int8 (no FP8 on P800)",
-                "dist_backend_note": "'nccl' is BKCL underneath (unconfirmed)", "xspeedgate_ops": speedgate}
+                "dist_backend_note": "'nccl' is BKCL underneath (UNVERIFIED)", "xspeedgate_ops": speedgate}
 
     # -- used by the adapters --------------------------------------------------------------
     def stream(self, device: Any) -> int:

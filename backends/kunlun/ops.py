@@ -7,12 +7,13 @@ KunlunBackend instance binds to itself; it reaches the vendor through `backend.r
 real modules, or an emulator in tests), so several instances coexist. Inputs arrive
 validated by glm5_hal.ops; an adapter converts layouts (Kunlun's paged caches are [blocks,
 heads, block_size, dim]; the contract's have one head) and index conventions
-(moe_pre_sorted's slot -> row map), calls the vendor op and returns exactly the canonical
-outputs. Each `supports()` checks the vendor's per-call limits and declines with a reason
-instead of letting a kernel fail or, worse, return garbage (the MoE kernels above 512
-experts leave their outputs untouched). Semantics follow vLLM-Kunlun's
-usage and its torch equivalents (vllm_kunlun/ops/_kunlun_ops.py, ops/moe/); README.md has
-the table. The indexer ops are not implemented (see INDEXER_NOT_SERVED).
+(moe_pre_sorted's slot -> row map), calls the vendor op exactly as vLLM-Kunlun calls it
+(keyword names, argument dtypes, the empty block_statistic, float32 router logits) and returns
+exactly the canonical outputs. Each `supports()` checks the vendor's per-call limits and the
+installed vLLM-Kunlun version (chips.BEHAVIOURS), declining with a reason where the public
+sources stop. No adapter reads device data on the host except where the op's output size is
+the data (moe_permute's row count, kv_cache_gather's total length: one scalar each).
+README.md has the table. The indexer ops are not implemented (see INDEXER_NOT_SERVED).
 """
 from __future__ import annotations
 
@@ -36,22 +37,26 @@ _F32, _F16, _BF16, _I32, _I64 = torch.float32, torch.float16, torch.bfloat16, to
 _FP8 = torch.float8_e4m3fn
 FLOATS = (_F32, _F16, _BF16)
 _DECODE = KernelLibrary.decode_limits
+_MAX_E = chips.MOE_MAX_EXPERTS
 
 #: The vendor constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
-    "kunlun_ops.rmsnorm": "weight passed as float32 (exact for any weight dtype)",
+    "kunlun_ops.rmsnorm": "weight passed as float32 (exact for any weight dtype), as KunlunOps.rms_norm does",
     "kunlun_ops.silu_and_mul": "turn=True: silu of the first half times the second",
     "kunlun_ops.reshape_and_cache": "key-only write (value=None), int32 slots; no FP8 on P800",
-    "moe_sigmoid_group_topk_norm": f"<= {chips.MOE_MAX_EXPERTS} experts; always renormalises "
+    "moe_sigmoid_group_topk_norm": f"<= {_MAX_E} experts (UNVERIFIED beyond); always renormalises "
                                    f"(norm_topk_prob=False declined) by a plain sum (logits below "
-                                   f"{SIGMOID_MIN_LOGIT:g} declined)",
-    "moe_softmax_topk(_norm)": f"<= {chips.MOE_MAX_EXPERTS} experts; no selection bias, no expert groups",
-    "moe_pre_sorted / gen_block_statistic": f"<= {chips.MOE_MAX_EXPERTS} experts, counting one extra "
-                                            "expert for dropped ids",
+                                   f"{SIGMOID_MIN_LOGIT:g} declined); float32 logits",
+    "moe_softmax_topk(_norm)": f"<= {_MAX_E} experts (UNVERIFIED beyond); no selection bias, no expert groups; "
+                               "float32 logits",
+    "moe_pre_sorted / gen_block_statistic": f"<= {_MAX_E} experts, counting one extra expert for dropped ids",
     "moe_post": "one row per (token, slot): repeated src entries are declined",
-    "moe_fc": f"act=None only (the fused SWISH_GLU is wrong for M >= {chips.SWISH_GLU_BROKEN_FROM_ROWS}); "
-              f"<= {chips.MOE_MAX_EXPERTS} experts",
-    "xspeedgate_ops.hadamard_transform": f"D <= {chips.HADAMARD_MAX_DIM}; needs xspeedgate_ops",
+    "moe_fc": f"act=None, no topk_ids (as vLLM-Kunlun's unquantised fused_moe calls it); <= {_MAX_E} experts",
+    "xspeedgate_ops.hadamard_transform": f"D <= {chips.HADAMARD_MAX_DIM} (UNVERIFIED); needs xspeedgate_ops",
+    "_C.matmul / moe_fc (W8A8)": "int8_gemm / int8_grouped_gemm with per-token and per-channel maxima (scale * 127), "
+                                 "as vLLM-Kunlun's W8A8 path calls them (vllm-kunlun >= 0.11.0); bf16/fp16 out only",
+    "vLLM-Kunlun": f"the _C MoE kernels as registered by vllm-kunlun 0.10.1.1 - 0.15.1 "
+                   f"(chips.MOE_KERNELS); other versions are declined",
     "indexer": "not implemented: the Kunlun kernels score int8-quantised keys and queries (I8_paged_mqa_logits)",
     "sparse_mla_decode_paged / kv_cache_gather (XPU C++)": f"Dqk <= {_DECODE.max_dqk}, H <= {_DECODE.max_heads}",
 }
@@ -79,10 +84,16 @@ def _missing_ops(backend: "KunlunBackend", *names: str) -> str | None:
     return None
 
 
-def _experts_over(count: int, what: str, limit: int = chips.MOE_MAX_EXPERTS) -> str | None:
+def _experts_over(count: int, what: str, limit: int = _MAX_E) -> str | None:
     if count > limit:
-        return f"{what} takes at most {limit} experts on P800, got {count}"
+        return (f"{what} is verified only up to {limit} experts (no public source states its ceiling; "
+                f"vLLM-Kunlun's tutorials serve {limit}), got {count}")
     return None
+
+
+def _moe_declined(backend: "KunlunBackend", *names: str) -> str | None:
+    """The `_C` MoE kernels are vLLM-Kunlun's: missing, or registered by an unverified version."""
+    return _missing_ops(backend, *names) or backend.unverified("moe_kernels")
 
 
 # -- common ------------------------------------------------------------------------------------
@@ -129,14 +140,14 @@ def moe_route_supported(backend: "KunlunBackend", logits, bias, top_k, n_group, 
     experts = logits.shape[1]
     if score_func == "sigmoid":
         return first_reason(
-            lambda: _missing_ops(backend, "moe_sigmoid_group_topk_norm"),
+            lambda: _moe_declined(backend, "moe_sigmoid_group_topk_norm"),
             lambda: _experts_over(experts, "moe_sigmoid_group_topk_norm"),
             lambda: None if norm_topk_prob else
             "moe_sigmoid_group_topk_norm always renormalises the selected weights (norm_topk_prob=False)",
             lambda: sigmoid_underflow(logits, "moe_sigmoid_group_topk_norm"))
     kernel = "moe_softmax_topk_norm" if norm_topk_prob else "moe_softmax_topk"
     return first_reason(
-        lambda: _missing_ops(backend, kernel),
+        lambda: _moe_declined(backend, kernel),
         lambda: _experts_over(experts, kernel),
         lambda: None if bias is None else f"{kernel} has no selection bias (no Kunlun softmax kernel takes one)",
         lambda: None if n_group == 1 else f"{kernel} does not limit experts to groups (n_group={n_group})")
@@ -150,16 +161,27 @@ def moe_route(backend: "KunlunBackend", logits: Tensor, bias: Tensor | None, top
     if tokens == 0:
         return weights, ids
     C = backend.runtime.C
-    scores = logits.contiguous()
+    # vLLM-Kunlun's fused_moe casts the router logits to float32 before any routing kernel
+    # (`router_logits = router_logits.to(torch.float)`, ops/_kunlun_ops.py:412 @09869ee), so the
+    # scores buffer and the logits always share a dtype
+    scores = logits.to(_F32).contiguous()
     if score_func == "sigmoid":
         histogram = logits.new_empty((chips.BLOCK_STATISTIC_ROWS, experts), dtype=_I32)
+        # `bias` is a plain Tensor in the schema, and vLLM-Kunlun always passes one: a zero
+        # bias selects exactly what no bias would
+        bias = logits.new_zeros(experts, dtype=_F32) if bias is None else bias.to(_F32).contiguous()
         C.moe_sigmoid_group_topk_norm(
-            x=scores, topk_index=ids, norm_score=weights, block_static=histogram,
-            bias=None if bias is None else bias.to(_F32).contiguous(),
+            x=scores, topk_index=ids, norm_score=weights, block_static=histogram, bias=bias,
             scale=float(routed_scaling_factor), n_group=n_group, topk_group=topk_group)
     else:
-        softmax_topk = C.moe_softmax_topk_norm if norm_topk_prob else C.moe_softmax_topk
-        softmax_topk(x=scores, normed_score=weights, topk_index=ids, block_statistic=None)
+        if norm_topk_prob:
+            # as fused_moe calls it (ops/_kunlun_ops.py:414-420 @09869ee)
+            C.moe_softmax_topk_norm(x=scores, normed_score=weights, topk_index=ids, block_statistic=None)
+        else:
+            # `block_statistic` is a plain Tensor in this kernel's schema: vLLM-Kunlun's
+            # fused_moe_ep passes an empty int32 tensor (ops/_kunlun_ops.py:665-668 @09869ee)
+            no_statistic = logits.new_empty(0, dtype=_I32)
+            C.moe_softmax_topk(scores, weights, ids, no_statistic)
         if routed_scaling_factor != 1.0:
             weights.mul_(float(routed_scaling_factor))
     return weights, ids
@@ -167,7 +189,7 @@ def moe_route(backend: "KunlunBackend", logits: Tensor, bias: Tensor | None, top
 
 def moe_permute_supported(backend: "KunlunBackend", x: Tensor, ids: Tensor, num_experts: int) -> Verdict:
     return first_reason(
-        lambda: _missing_ops(backend, "gen_block_statistic", "moe_pre_sorted"),
+        lambda: _moe_declined(backend, "gen_block_statistic", "moe_pre_sorted"),
         # one extra expert collects the ids the contract drops
         lambda: _experts_over(num_experts + 1, "moe_pre_sorted (with the dropped-id expert)"))
 
@@ -187,12 +209,12 @@ def moe_permute(backend: "KunlunBackend", x: Tensor, ids: Tensor, num_experts: i
     lod = ids.new_empty(expert_num + 1, dtype=_I32)
     C.moe_pre_sorted(x=x.contiguous(), topk_index=topk_index, block_statistic=histogram, moe_expand=expanded,
                      moe_index=slot_to_row, expert_m=expert_m, sorted_tokens_num_lod=lod)
-    rows = int(lod[num_experts])
+    rows = int(lod[num_experts])   # the output size is the data: the op's one host read
     return permuted_in_contract_order(expanded[:rows], slot_to_row, expert_m[:num_experts].clone())
 
 
 def moe_unpermute_supported(backend: "KunlunBackend", y: Tensor, src: Tensor, weights: Tensor) -> Verdict:
-    return first_reason(lambda: _missing_ops(backend, "moe_post"),
+    return first_reason(lambda: _moe_declined(backend, "moe_post"),
                         lambda: repeated_slot(src, weights.shape[0] * weights.shape[1], "moe_post"))
 
 
@@ -213,7 +235,7 @@ def moe_unpermute(backend: "KunlunBackend", y: Tensor, src: Tensor, weights: Ten
 
 
 def grouped_gemm_supported(backend: "KunlunBackend", x: Tensor, w: Tensor, tokens_per_expert: Tensor) -> Verdict:
-    return first_reason(lambda: _missing_ops(backend, "moe_fc"),
+    return first_reason(lambda: _moe_declined(backend, "moe_fc"),
                         lambda: _experts_over(w.shape[0], "moe_fc"))
 
 
@@ -221,17 +243,78 @@ def grouped_gemm(backend: "KunlunBackend", x: Tensor, w: Tensor, tokens_per_expe
     rows, experts = x.shape[0], w.shape[0]
     if rows == 0 or w.shape[1] == 0:
         return x.new_zeros((rows, w.shape[1]))
-    # moe_fc is shaped for routed tokens; rows already grouped by expert are routed tokens
-    # with top-1 routing whose sorted position is their own index.
+    # moe_fc is shaped for routed tokens (x sorted by expert, y [tokens, topk, N] in the same
+    # order); rows already grouped by expert are routed tokens with top-1 routing whose sorted
+    # position is their own index. Called as vLLM-Kunlun's unquantised fused_moe calls it: no
+    # act, no topk_ids (ops/_kunlun_ops.py:577-606 @09869ee).
+    lod = torch.zeros(experts + 1, dtype=_I32, device=x.device)
+    lod[1:] = torch.cumsum(tokens_per_expert, 0).to(_I32)
+    y = x.new_empty((rows, 1, w.shape[1]))
+    backend.runtime.C.moe_fc(x=x.contiguous(), weight=w.contiguous(), sorted_tokens_num_lod=lod,
+                             sorted_tokens_idx=torch.arange(rows, dtype=_I32, device=x.device), moe_topk=1, y=y)
+    return y.view(rows, w.shape[1])
+
+
+# -- the checkpoints' INT8 GEMMs: vLLM-Kunlun's W8A8 kernels ----------------------------------------
+_I8 = torch.int8
+
+
+def _w8a8_declined(backend: "KunlunBackend", out_dtype: torch.dtype, kernel: str) -> str | None:
+    return (_missing_ops(backend, kernel) or backend.unverified("w8a8_max_scales")
+            or (None if out_dtype in (_F16, _BF16) else
+                f"{kernel} is called with the activations' bf16/fp16 as out_dtype by vLLM-Kunlun; "
+                f"{out_dtype} is UNVERIFIED"))
+
+
+def _as_max(backend: "KunlunBackend", scale: Tensor) -> Tensor:
+    """A per-row / per-channel scale as the maximum kunlun_ops takes ("use max as scale")."""
+    return (scale.to(_F32) * backend.behaviour("w8a8_max_scales")).unsqueeze(-1).contiguous()
+
+
+def int8_gemm_supported(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                        out_dtype: torch.dtype, bias: Tensor | None) -> Verdict:
+    return _w8a8_declined(backend, out_dtype, "matmul") or True
+
+
+def int8_gemm(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+              out_dtype: torch.dtype, bias: Tensor | None) -> Tensor:
+    """torch.ops._C.matmul(x, w [N, K], out_dtype, x_pc_max=, w_pc_max=, bias=) as vLLM-Kunlun's
+    W8A8 linear calls it (quantization/kernels/scale_mm.py:83-91 @09869ee)."""
+    rows, cols = x.shape[0], w.shape[0]
+    if rows == 0 or cols == 0 or x.shape[1] == 0:    # nothing to multiply: the contract's result
+        out = x.new_zeros((rows, cols), dtype=_F32)
+        return (out if bias is None else out + bias.to(_F32)).to(out_dtype)
+    return backend.runtime.C.matmul(
+        x=x.contiguous(), w=w.contiguous(), out_dtype=out_dtype, x_pc_max=_as_max(backend, x_scale),
+        w_pc_max=_as_max(backend, w_scale), bias=None if bias is None else bias.to(_F32).contiguous())
+
+
+def int8_grouped_gemm_supported(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                                tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Verdict:
+    return first_reason(lambda: _moe_declined(backend, "moe_fc"),
+                        lambda: _w8a8_declined(backend, out_dtype, "moe_fc"),
+                        lambda: _experts_over(w.shape[0], "moe_fc"))
+
+
+def int8_grouped_gemm(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                      tokens_per_expert: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """moe_fc with int8 x and weights, as vLLM-Kunlun's W8A8 MoE calls it
+    (quantization/compressed_tensors/compressed_tensors_moe.py:226-236 @09869ee): rows grouped by
+    expert are top-1 routed tokens whose sorted position is their own index; topk_ids, which
+    that path always passes, are each row's expert."""
+    rows, experts, cols = x.shape[0], w.shape[0], w.shape[1]
+    if rows == 0 or cols == 0 or x.shape[1] == 0:
+        return x.new_zeros((rows, cols), dtype=out_dtype)
     lod = torch.zeros(experts + 1, dtype=_I32, device=x.device)
     lod[1:] = torch.cumsum(tokens_per_expert, 0).to(_I32)
     expert_of_row = torch.repeat_interleave(torch.arange(experts, dtype=_I32, device=x.device),
                                             tokens_per_expert.long(), output_size=rows)
-    y = x.new_empty((rows, w.shape[1]))
+    y = x.new_empty((rows, 1, cols), dtype=out_dtype)
     backend.runtime.C.moe_fc(x=x.contiguous(), weight=w.contiguous(), sorted_tokens_num_lod=lod,
-                             sorted_tokens_idx=torch.arange(rows, dtype=_I32, device=x.device), moe_topk=1,
-                             y=y, topk_ids=expert_of_row.view(rows, 1), act=None)
-    return y
+                             sorted_tokens_idx=torch.arange(rows, dtype=_I32, device=x.device), moe_topk=1, y=y,
+                             x_perchannel_max=_as_max(backend, x_scale), w_perchannel_max=_as_max(backend, w_scale),
+                             topk_ids=expert_of_row.view(rows, 1))
+    return y.view(rows, cols)
 
 
 # -- KV cache ----------------------------------------------------------------------------------
@@ -250,7 +333,7 @@ def kv_cache_gather_supported(backend: "KunlunBackend", cache: Tensor, block_tab
 
 def kv_cache_gather(backend: "KunlunBackend", cache: Tensor, block_table: Tensor, context_lens: Tensor) -> Tensor:
     lengths = context_lens.long()
-    total = int(lengths.sum()) if lengths.numel() else 0
+    total = int(lengths.sum()) if lengths.numel() else 0   # the output size is the data: the op's one host read
     out = cache.new_empty((total, cache.shape[2]))
     if total == 0:
         return out
@@ -268,6 +351,8 @@ ADAPTERS = (
     Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
     Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports=int8_grouped_gemm_supported),
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS, supports=kv_cache_write_supported),
     Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS, supports=kv_cache_gather_supported),
     SPARSE_MLA_DECODE_PAGED,   # the XPU C++ kernel (kernels.py)

@@ -1,5 +1,6 @@
-"""The Moore Threads MUSA backend: glm5_hal ops on torch_musa, MUSA FlashMLA and the
-backend's own kernels (the shared CUDA-dialect sources built with mcc).
+"""The Moore Threads MUSA backend: glm5_hal ops on torch_musa, MooreThreads' mate (FlashMLA,
+MoE and FP8 GEMMs) and the backend's own kernels (the shared CUDA-dialect sources built
+with mcc).
 
 `MusaBackend(runtime=None)` imports torch_musa lazily in its probe; tests inject an emulator
 instead (`MusaBackend(runtime=MusaEmulator("S4000"), name="musa_emu", device_type="cpu")`).
@@ -13,7 +14,9 @@ is the reason; nothing raises):
 3. torch_musa >= arch.MIN_TORCH_MUSA                      -> "torch_musa X is too old: ..."
 4. a MUSA device is visible                              -> "no MUSA device visible (...)"
 5. the device's architecture (capability) is known        -> "unsupported MUSA architecture ..."
-README.md has the op mapping and what has been verified how.
+6. the versioned behaviours (arch.BEHAVIOURS) are chosen from the installed torch_musa and
+   mate; one outside its verified range narrows the backend ("narrowed to what is verified").
+README.md has the op mapping and what has been verified how, against which versions.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from .runtime import MusaRuntime
 class MusaBackend(VendorBackend):
     vendor_name = "musa"
     adapters = ops.ADAPTERS
+    behaviours = arch.BEHAVIOURS
     op_limits = ops.OP_LIMITS
     kernels_limit = "musa_kernels"
     device_noun = "MUSA device"
@@ -48,7 +52,8 @@ class MusaBackend(VendorBackend):
     def check_versions(self, runtime: Any) -> dict[str, str]:
         version = require_version("torch_musa", module_version(runtime), arch.MIN_TORCH_MUSA,
                                   f"the adapters use the torch_musa {dotted(arch.MIN_TORCH_MUSA)} API")
-        return {"torch_musa": version}
+        mate = runtime.package_version(arch.MATE)
+        return {"torch_musa": version, **({arch.MATE: mate} if mate else {})}
 
     def devices(self, runtime: Any) -> Any:
         return runtime.musa
@@ -64,7 +69,8 @@ class MusaBackend(VendorBackend):
             raise Declined(f"unsupported MUSA architecture mp_{major}{minor} ({device_name}); the "
                            f"musa backend supports {arch.supported_archs()}")
         mudnn = runtime.mudnn_version()
-        summary = f"{count} x {device_name} ({gen.arch}), torch_musa {versions['torch_musa']}"
+        summary = f"{count} x {device_name} ({gen.arch}), torch_musa {versions['torch_musa']}" + (
+            f", mate {versions[arch.MATE]}" if arch.MATE in versions else "")
         return ChipInfo(device_name, count, summary, generation=gen, identity=gen.arch,
                         versions={**versions, **({"muDNN": str(mudnn)} if mudnn is not None else {})},
                         facts={"mudnn": mudnn})
@@ -74,8 +80,7 @@ class MusaBackend(VendorBackend):
 
     def chip_limits(self, chip: ChipInfo) -> dict:
         gen = chip.generation
-        limits = {"arch": gen.arch, "cards": gen.cards, "bf16": gen.bf16, "fp8": gen.fp8,
-                  "flash_mla_sparse": gen.flash_mla_sparse}
+        limits = {"arch": gen.arch, "cards": gen.cards, "bf16": gen.bf16, "fp8": gen.fp8, "mate": gen.mate}
         if not gen.mccl:
             limits["dist"] = f"MCCL is not provided for {gen.cards} (torch_musa README): no multi-card collectives"
         return limits

@@ -123,7 +123,13 @@ def first_outside(t: torch.Tensor, low: int, high: int, allowed: int | None = No
     if _host(t) and t.dtype in _INT_CODES:
         return _native.first_outside(t.data_ptr(), t.numel(), _INT_CODES[t.dtype], low, high,
                                      allowed is not None, 0 if allowed is None else allowed)
-    bad = (t < low) | (t >= high)
+    # a bound outside the dtype's range would wrap in the comparison (2**31 as int32 is -2**31)
+    info = torch.iinfo(t.dtype)
+    bad = torch.zeros(t.shape, dtype=torch.bool, device=t.device)
+    if low > info.min:
+        bad |= t < low
+    if high <= info.max:
+        bad |= t >= high
     if allowed is not None:
         bad &= t != allowed
     hit = bad.flatten().nonzero()

@@ -60,8 +60,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import cases as bench_cases, dispatch, runner
     from .errors import HalError
     ops = _bench_ops(args.op)
-    backends = runner.candidate_backends(args.backend)
-    report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "backends": backends}
+    device = torch.device(args.device)
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and not (module is not None and module.is_available()):
+        raise HalError(f"bench --device {args.device}: torch has no available {device.type} device here")
+    backends = runner.candidate_backends(args.backend, device.type)
+    report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "backends": backends,
+                    "device": args.device}
     if args.dsa_vs_dense:
         from .bench import dsa_vs_dense
         if args.plot:
@@ -82,26 +87,44 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         return 0
     pinned = args.backend[0] if args.backend and len(args.backend) == 1 else None
-    print("dispatch overhead (glm5_hal.ops.<op> minus a direct call of the chosen implementation)")
-    rows = dispatch.measure(ops or None, backend=pinned)
-    print(dispatch.format_rows(rows), flush=True)
-    report["dispatch"] = rows
+    if device.type == "cpu":
+        print("dispatch overhead (glm5_hal.ops.<op> minus a direct call of the chosen implementation)")
+        rows = dispatch.measure(ops or None, backend=pinned)
+        print(dispatch.format_rows(rows), flush=True)
+        report["dispatch"] = rows
+    elif args.dispatch:
+        raise HalError("bench --dispatch measures on CPU inputs; run it without --device")
     if not args.dispatch:
         from .bench import roofline
-        cases = [c for c in bench_cases.cases(args.preset) if not ops or c.op in ops]
-        roof = roofline.measure()
+        cases = [c for c in bench_cases.cases(args.preset, batch=args.batch) if not ops or c.op in ops]
+        peaks = _device_peaks(backends, device.type)
+        roof = roofline.measure(device=args.device, peaks=peaks)
         report["preset"] = args.preset
+        report["batch"] = args.batch
         report["roofline"] = dataclasses.asdict(roof)
         print(f"\nops at preset {args.preset!r} (median of {args.repeats} batches; x ref = reference ms / ms; "
               f"% roof of the machine's binding limit [named], f = flops, b = bytes; % torch of torch's "
               f"GEMM or copy_ in this run)")
         print(runner.format_header(roof), flush=True)
         results = runner.run_cases(cases, roof, backends, compile_reference=not args.no_compile,
-                                   repeats=args.repeats,
+                                   repeats=args.repeats, device=args.device,
                                    on_case=lambda c, r: print(runner.format_rows(c, r, roof), flush=True))
         report["ops"] = runner.to_json(results)
     _write_json(args.json, report)
     return 0
+
+
+def _device_peaks(backends: list[str], device_type: str) -> dict:
+    """The datasheet peaks an available backend of the device states in its capabilities
+    (limits peak_bf16_tflops, peak_hbm_tbps, peak_source), if any."""
+    if device_type == "cpu":
+        return {}
+    import glm5_hal as hal
+    for name in backends:
+        limits = hal.get_backend(name).cached_capabilities().limits
+        if "peak_bf16_tflops" in limits:
+            return limits
+    return {}
 
 
 def _bench_ops(names) -> list[str]:
@@ -308,6 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", metavar="B",
                    help="only this backend (repeatable; default: every available one)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile of the reference")
+    p.add_argument("--device", default="cpu", metavar="D",
+                   help="device the inputs live on: cpu (default), or e.g. cuda; backends of that device type "
+                        "are timed, with device syncs, against the device's measured and datasheet limits")
+    p.add_argument("--batch", type=_positive_int, metavar="N",
+                   help="decode batch (sequences) instead of the preset's 4, e.g. 64")
     p.add_argument("--repeats", type=int, default=5, metavar="N", help="timed batches per measurement (median)")
     p.add_argument("--dispatch", action="store_true", help="only the dispatch-overhead section")
     p.add_argument("--dsa-vs-dense", action="store_true",
@@ -341,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", action="append", metavar="P", choices=("tiny", "glm5"),
                    help="case preset (repeatable; default: tiny and glm5)")
     p.add_argument("--ref", default="cpu", choices=("cpu", "cuda"),
-                   help="reference: float64 on the CPU (default) or float32 on a CUDA device")
+                   help="reference: float64 on the CPU (default) or float64 on an NVIDIA GPU")
     p.add_argument("-n", default="1", type=_workers, metavar="N",
                    help="worker processes (a number or 'auto'; results equal -n 1)")
     p.add_argument("--json", metavar="F", help="write one record per case plus run metadata to F")

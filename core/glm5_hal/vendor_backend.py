@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .backend import Availability, Backend, Capabilities
+from .registry import REGISTRY
 from .vendors import VENDORS, Vendor, installed
 
 _MISSING_LIBRARY = re.compile(r"(lib[\w.+-]*\.so[\w.]*)")
@@ -363,10 +364,15 @@ def describe_import_failure(vendor: Vendor, exc: BaseException) -> str:
 # -- versions ------------------------------------------------------------------------------------
 def leading_numbers(version: object) -> tuple[int, ...]:
     """(8, 3) for "8.3.RC1", (2, 13, 0) for "2.13.0+git...", (1, 12, 1) for "1.12.1+torch2.11";
-    () when the string does not start with a number."""
+    a PEP 440 post release counts as one more number, after its release: (2, 7, 1, 2) for
+    "2.7.1.post2" (torch_npu ships schema changes in post releases); () when the string does
+    not start with a number."""
     numbers = []
     for piece in re.split(r"[.+]", str(version).strip()):
         if not piece.isdigit():
+            post = re.fullmatch(r"post(\d+)", piece)
+            if post and numbers:
+                numbers.append(int(post.group(1)))
             break
         numbers.append(int(piece))
     return tuple(numbers)
@@ -389,6 +395,16 @@ def module_version(module: Any) -> str | None:
     return str(getattr(module, "__version__", "") or "") or None
 
 
+def distribution_version(name: str) -> str | None:
+    """The installed version of distribution `name` (its package metadata), read without
+    importing it; None when it is not installed or its metadata cannot be read."""
+    from importlib import metadata
+    try:
+        return metadata.version(name) or None
+    except Exception:  # PackageNotFoundError, or broken metadata of a vendor wheel
+        return None
+
+
 def require_version(what: str, version: str | None, minimum: tuple[int, ...], needs: str) -> str:
     """`version` if it is at least `minimum`, else Declined saying so. `version` None means
     the module has no __version__ (counted as too old); an unparsable one "could not be read"."""
@@ -401,6 +417,14 @@ def require_version(what: str, version: str | None, minimum: tuple[int, ...], ne
 
 
 # -- helpers the adapters share ------------------------------------------------------------------
+def host_reads_allowed(t: torch.Tensor) -> bool:
+    """Whether an adapter may read `t`'s data on the host to decide something: on CPU tensors,
+    or anywhere under GLM5_HAL_CHECKS=full (the debug mode in which dispatch runs the ops'
+    value checks on every device). Elsewhere the read would synchronise the device: such a
+    check becomes a device-side assert (torch._assert_async) or is skipped."""
+    return t.device.type == "cpu" or REGISTRY.loaded().full_checks
+
+
 def device_dtypes(*, bf16: bool = True, fp8: bool = False) -> frozenset:
     """The activation/storage dtypes of a device generation: float32 and float16 always."""
     dtypes = {torch.float32, torch.float16}
@@ -482,8 +506,10 @@ SIGMOID_MIN_LOGIT = -80.0
 
 
 def sigmoid_underflow(logits: torch.Tensor, kernel: str) -> str | None:
-    """The reason to decline a renormalised sigmoid routing whose float32 scores may be 0."""
-    if logits.numel() and bool(logits.min() < SIGMOID_MIN_LOGIT):
+    """The reason to decline a renormalised sigmoid routing whose float32 scores may be 0.
+    A data check: on a device it runs only under GLM5_HAL_CHECKS=full (reading the logits
+    would synchronise), so there logits this extreme reach the kernel unseen by default."""
+    if logits.numel() and host_reads_allowed(logits) and bool(logits.min() < SIGMOID_MIN_LOGIT):
         return (f"logits below {SIGMOID_MIN_LOGIT:g}: their float32 sigmoid scores underflow, and {kernel} "
                 "renormalises by a plain sum (0/0 is NaN; the contract adds 1e-20)")
     return None
@@ -499,10 +525,10 @@ def no_permuted_rows(x: torch.Tensor, ids: torch.Tensor, num_experts: int
 def spare_expert_ids(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, int]:
     """For a kernel that wants every id in [0, expert_num): int32 ids where the ones the
     contract drops (-1, other ranks' experts) go to one spare expert `num_experts`, sorted
-    after the real ones, and the expert count to pass (num_experts + 1 when the spare is used)."""
+    after the real ones, and the expert count to pass: always num_experts + 1 (whether any id
+    is dropped is device data; the spare expert's group is simply empty when none is)."""
     dropped = (ids < 0) | (ids >= num_experts)
-    expert_num = num_experts + 1 if bool(dropped.any()) else num_experts
-    return torch.where(dropped, num_experts, ids).to(torch.int32).contiguous(), expert_num
+    return torch.where(dropped, num_experts, ids).to(torch.int32).contiguous(), num_experts + 1
 
 
 def permuted_in_contract_order(x_perm: torch.Tensor, slot_to_row: torch.Tensor, tokens_per_expert: torch.Tensor
@@ -517,19 +543,19 @@ def permuted_in_contract_order(x_perm: torch.Tensor, slot_to_row: torch.Tensor, 
     src = src[:rows]
     if rows < 2:
         return x_perm, tokens_per_expert, src
+    # Whether the kernel's rows are already in that order is device data: sorted always (a
+    # gather of the rows), rather than read back to skip it.
     experts = torch.arange(tokens_per_expert.shape[0], device=src.device)
     expert_of_row = torch.repeat_interleave(experts, tokens_per_expert.long(), output_size=rows)
-    key = expert_of_row * slots + src.long()
-    if bool((key[1:] > key[:-1]).all()):
-        return x_perm, tokens_per_expert, src
-    order = torch.argsort(key)
+    order = torch.argsort(expert_of_row * slots + src.long())
     return x_perm[order], tokens_per_expert, src[order]
 
 
 def repeated_slot(src: torch.Tensor, slots: int, kernel: str) -> str | None:
     """The reason to decline an unpermute whose src repeats a (token, slot) pair, for a
-    kernel that combines one row per pair."""
-    if src.numel() < 2:
+    kernel that combines one row per pair. A data check: on a device it runs only under
+    GLM5_HAL_CHECKS=full (moe_permute's src never repeats a pair)."""
+    if src.numel() < 2 or not host_reads_allowed(src):
         return None
     if bool((torch.bincount(src.long(), minlength=slots) > 1).any()):
         return f"src repeats a (token, slot) index; {kernel} combines one row per pair"

@@ -1,44 +1,58 @@
-"""A CPU emulator of the parts of `torch_npu` 2.13.0 that glm5_hal's Ascend adapters call.
+"""A CPU emulator of the `torch_npu` functions glm5_hal's Ascend adapters call, for a chosen
+chip, torch_npu version and CANN version.
 
-Written from the vendor's documentation (the wheel's `_op_plugin_docs.py`, its meta
-registrations and codegen YAML schemas, the op-plugin markdown docs, and the CANN kernel
-sources' index handling), summarised with sources in /work/notes/ascend_ops.md. It models:
+Written from the vendor's public artifacts only (the constraint a check enforces is cited
+next to it; "inferred" marks what they imply without saying):
+* the torch-npu wheels on PyPI, 2.13.0 unless a comment names another version:
+  `torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml` -- the op schemas, registered
+  with torch.library under a test-only namespace (npu_schemas.py), so every call is parsed by
+  torch's schema parser exactly as `torch.ops.npu` parses it; `torch_npu/_op_plugin_docs.py`
+  -- per-op formulas, supported values and constraints (stale for the DSA ops: the yaml is
+  authoritative for their signatures); `torch_npu/op_plugin/meta/_meta_registrations.py` --
+  output shapes; `torch_npu/include/torch_npu/csrc/core/npu/NpuVariables.h` -- the SocVersion
+  enum; the SoC name strings of `torch_npu/lib/libtorch_npu.so`;
+* Ascend's ops-transformer repository (the CANN attention kernels; read from its mirror
+  github.com/cannmirror/ops-transformer), tags v8.5.0 (6ead121a), v9.0.0 (afe72144) and
+  v9.1.0.pre (121f37de): `attention/lightning_indexer/README.md` and
+  `attention/sparse_flash_attention/README.md` give the constraints per CANN version and chip
+  (the tags are taken to be the CANN versions they ship in: inferred), and the vendor's golden
+  references of v9.1.0.pre, `attention/lightning_indexer/tests/pytest/lightning_indexer_golden.py`
+  and `attention/sparse_flash_attention/tests/pytest/sparse_flash_attention_golden.py`, are
+  ported below: their semantics, down to the rounding, are what this emulator computes.
 
-* the exact Python signatures (keyword-only arguments after `*` as in the schemas),
-* the vendor layouts (BSND, TND with prefix-sum lengths, PA_BSND with a block table) and
-  index conventions (logical positions, `-1` padding at the tail, score-descending order
-  from the indexer, the sparse attention kernel stopping at the first negative index),
-* the documented constraints: a violated one raises `NpuOpError` (a RuntimeError, which is
-  what the real op raises from aclnn's parameter check), so an adapter that forgets to
-  decline a call fails its test,
-* the probe surface: `npu.is_available`, `npu.device_count`, `npu.get_soc_version`,
-  `npu.get_device_name`, `npu.utils.get_cann_version`, for a configurable chip.
-
-It never calls `glm5_hal.reference`; numerics are float32 like the kernels' accumulators.
-Documented behaviour this emulator does not model (quantised modes, hash routing, sinks)
-raises `NotEmulatedError` instead of guessing.
+It models the vendor layouts (BSND, TND with prefix-sum lengths, PA_BSND with a block
+table), index conventions (logical positions, -1 tails, the attention walk stopping at the
+first -1) and documented constraints: a violated one raises `NpuOpError` (a RuntimeError, as
+aclnn's parameter checks do), so an adapter that forgets to decline a call fails its test.
+Documented behaviour it does not model, and anything the sources leave undefined, raises
+`NotEmulatedError` instead of guessing. It never calls glm5_hal.reference; numerics are
+float32 like the kernels' accumulators. The probe surface (`npu.is_available`,
+`npu.device_count`, `npu.get_soc_version`, `npu.get_device_name`,
+`npu.utils.get_cann_version`) reports the configured chip and versions.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import math
+import threading
 import types
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
+from . import npu_schemas
+
 INT64_MAX = 9223372036854775807
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: npu_lightning_indexer's sparse_count: 1..2048 plus these (wheel docs).
+#: npu_lightning_indexer's sparse_count beyond 1..2048, from CANN 9.0 (ops-transformer v9.0.0
+#: attention/lightning_indexer/README.md; v8.5.0 allows [1, 2048] only).
 LARGE_SPARSE_COUNTS = (3072, 4096, 5120, 6144, 7168, 8192)
-#: The kernels' initial running max (softmax_max of a row with no valid key).
-SOFTMAX_MAX_INIT = -2e38
 
-#: chip key -> (SocVersion enum value, aclrtGetSocName string), from NpuVariables.h and
-#: the strings in libtorch_npu.so.
+#: chip key -> (SocVersion enum value, aclrtGetSocName string): NpuVariables.h and the SoC
+#: names in libtorch_npu.so of the torch-npu 2.13.0 wheel.
 CHIPS = {
     "910B": (221, "Ascend910B2"),
     "910B1": (220, "Ascend910B1"),
@@ -50,6 +64,31 @@ CHIPS = {
     "310P": (202, "Ascend310P3"),
     "910A": (102, "Ascend910A"),
 }
+
+#: c10::ScalarType numbers (c10/core/ScalarType.h): what a torch.dtype passed to an `int`
+#: schema argument arrives as.
+SCALAR_TYPES = {1: torch.int8, 3: torch.int32, 5: torch.float16, 6: torch.float32, 15: torch.bfloat16,
+                23: torch.float8_e5m2, 24: torch.float8_e4m3fn}
+
+
+def product(soc_version: int) -> str | None:
+    """The product line the op documentation names for a SoC: "A2" (Ascend910B*, 220-225),
+    "A3" (Ascend910_93xx, 250-256), "950" (260), per NpuVariables.h's enum blocks."""
+    if 220 <= soc_version <= 225:
+        return "A2"
+    if 250 <= soc_version <= 256:
+        return "A3"
+    if soc_version == 260:
+        return "950"
+    return None
+
+
+def scalar_type(value: Any) -> torch.dtype | None:
+    """A dtype argument as torch passes it: a torch.dtype (`ScalarType?` schemas) or its
+    ScalarType number (`int?` schemas, from the 2026-04 wheels on)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return SCALAR_TYPES.get(int(value))
 
 
 class NpuOpError(RuntimeError):
@@ -188,38 +227,118 @@ class _NpuModule:
         return types.SimpleNamespace(npu_stream=0x5151, device=device)
 
 
+#: The ops this emulator implements (each a method of NpuEmulator named like the op, its
+#: parameters named like the schema's arguments, `self` as `self_tensor`).
+EMULATED_OPS = ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul", "npu_lightning_indexer",
+                "npu_sparse_flash_attention", "npu_moe_gating_top_k", "npu_moe_init_routing_v2",
+                "npu_moe_finalize_routing", "npu_grouped_matmul", "npu_scatter_nd_update_",
+                "npu_scatter_nd_update", "npu_dynamic_block_quant", "npu_dynamic_quant", "npu_quant_matmul")
+
+
+class _Active(threading.local):
+    emulator: "NpuEmulator | None" = None
+
+
+_ACTIVE = _Active()
+
+
+def _schema_kernel(overload: str, bound: dict) -> Any:
+    """The CPU kernel of every registered op: the emulator that made the call runs it, with
+    every schema argument by name. A schema argument the emulator's method does not know is
+    accepted only as None (the method cannot honour anything else; tests/test_ascend_schemas.py
+    checks that every argument of each wheel is known)."""
+    emulator = _ACTIVE.emulator
+    name = overload.split(".", 1)[0]
+    method = getattr(NpuEmulator, name)
+    known = method.__code__.co_varnames[1: method.__code__.co_argcount + method.__code__.co_kwonlyargcount]
+    kwargs = {}
+    for arg, value in bound.items():
+        key = "self_tensor" if arg == "self" else arg
+        if key in known:
+            kwargs[key] = value
+        elif value is not None:
+            raise NotEmulatedError(f"{name}: argument {arg} (given {type(value).__name__}) is not emulated")
+    return method(emulator, **kwargs)
+
+
 class NpuEmulator:
-    """Stands in for the `torch_npu` module. `chip` is a key of CHIPS; `devices`,
-    `version` and `cann` configure what the probe sees. `calls` counts vendor op calls."""
+    """Stands in for the `torch_npu` module. `chip` is a key of CHIPS; `devices`, `version`
+    (torch_npu) and `cann` configure what the probe sees and which documented rules the ops
+    follow. When the torch-npu wheel of `version` is unpacked under build/torch_npu
+    (scripts/fetch_torch_npu.sh), every `npu_*` attribute is the wheel's schema registered
+    with torch.library (`schemas`), an op the wheel does not declare is missing as it is from
+    torch_npu; without the wheel the methods are called directly (`schemas` is None).
+    `calls` counts vendor op calls."""
 
     EMULATOR = True
 
-    def __init__(self, chip: str = "910B", *, devices: int = 8, version: str = "2.13.0",
-                 cann: str = "8.5.0") -> None:
+    def __init__(self, chip: str = "910B", *, devices: int = 8, version: str = npu_schemas.PINNED,
+                 cann: str = "9.1.0") -> None:
         if chip not in CHIPS:
             raise ValueError(f"unknown chip {chip!r}; known: {sorted(CHIPS)}")
         self.chip = chip
         self.soc_version, self.device_name = CHIPS[chip]
+        self.product = product(self.soc_version)
         self.devices = devices
         self.__version__ = version
         self.cann_version = cann
         self.npu = _NpuModule(self)
         self.calls: collections.Counter = collections.Counter()
+        self.schemas = (npu_schemas.schemas(version, _schema_kernel, EMULATED_OPS)
+                        if npu_schemas.available(version) else None)
 
     def __repr__(self) -> str:
-        return f"NpuEmulator(chip={self.chip!r}, soc_version={self.soc_version})"
+        return f"NpuEmulator(chip={self.chip!r}, soc_version={self.soc_version}, torch_npu={self.__version__}, " \
+               f"CANN={self.cann_version})"
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("npu_"):
+            schemas = object.__getattribute__(self, "schemas")
+            if schemas is not None:
+                return object.__getattribute__(self, "_through_schema")(schemas, name)
+        return object.__getattribute__(self, name)
+
+    def _through_schema(self, schemas: "npu_schemas.Schemas", name: str) -> Any:
+        op = schemas.op(name)
+        if op is None:
+            raise AttributeError(f"module 'torch_npu' has no attribute '{name}' ({schemas.source} does not "
+                                 "declare it)")
+        if name not in EMULATED_OPS:
+            raise NotEmulatedError(f"{name} is declared by {schemas.source} but not emulated")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            previous, _ACTIVE.emulator = _ACTIVE.emulator, self
+            try:
+                return op(*args, **kwargs)
+            finally:
+                _ACTIVE.emulator = previous
+        call.__name__ = name
+        return call
 
     @property
     def is_950(self) -> bool:
-        return self.soc_version >= 260
+        return self.product == "950"
 
-    def _cann_at_least(self, major: int, minor: int) -> bool:
+    def cann(self) -> tuple[int, ...]:
+        """The CANN version as numbers ("9.1.0" -> (9, 1, 0), "8.5.RC1" -> (8, 5))."""
         parts = []
         for piece in self.cann_version.split("."):
             if not piece.isdigit():
                 break
             parts.append(int(piece))
-        return tuple(parts[:2]) >= (major, minor)
+        return tuple(parts)
+
+    def _cann_at_least(self, major: int, minor: int) -> bool:
+        return self.cann()[:2] >= (major, minor)
+
+    def _attention_release(self, op: str) -> tuple[int, int]:
+        """The ops-transformer release whose README rules apply to this CANN: (8, 5), (9, 0)
+        or (9, 1). Nothing public describes these kernels outside that range."""
+        version = self.cann()[:2]
+        if not (8, 5) <= version <= (9, 1):
+            raise NotEmulatedError(f"{op}: CANN {self.cann_version} is outside the releases whose "
+                                   "ops-transformer documentation this emulator follows (8.5 to 9.1)")
+        return (9, 1) if version >= (9, 1) else (9, 0) if version >= (9, 0) else (8, 5)
 
     # -- npu_rms_norm ----------------------------------------------------------------------
     def npu_rms_norm(self, self_tensor: Tensor, gamma: Tensor, epsilon: float = 1e-06) -> tuple[Tensor, Tensor]:
@@ -244,21 +363,32 @@ class NpuEmulator:
                               layout_key: str = "BSND", sparse_count: int = 2048, sparse_mode: int = 3,
                               pre_tokens: int = INT64_MAX, next_tokens: int = INT64_MAX,
                               return_value: bool = False) -> tuple[Tensor, Tensor]:
-        """Per query token: score[s] = sum_h weights[h] * relu(q[h] . k[s]) over the batch's
-        logical keys (causal, bottom-right aligned for sparse_mode 3), the top sparse_count
-        positions by descending score, -1 after the last valid one. Returns int32
-        [B, S1, 1, K] (BSND) or [T, 1, K] (TND), and the scores when return_value."""
+        """The golden (lightning_indexer_golden.py, v9.1.0.pre): per query token
+        score[s] = sum_h weights[h] * relu(q[h] . k[s]) in float32 over the batch's logical
+        keys, the keys past the bottom-right causal limit masked under sparse_mode 3, the
+        scores rounded to bfloat16 and stably sorted descending (ties: the lower position
+        first); the first min(S2, sparse_count) positions, -1 after the valid ones. Returns
+        int32 [B, S1, 1, K] (BSND) or [T, 1, K] (TND), and the scores when return_value.
+        Constraints per CANN release and chip: attention/lightning_indexer/README.md."""
         op = "npu_lightning_indexer"
         self.calls[op] += 1
-        for name, t in (("query", query), ("key", key), ("weights", weights)):
+        release = self._attention_release(op)
+        supported = ("A2", "A3", "950") if release >= (9, 1) else ("A2", "A3")
+        _require(self.product in supported, op, f"{self.device_name} is not supported by CANN {self.cann_version} "
+                 f"(products: {', '.join(supported)})")
+        for name, t in (("query", query), ("key", key)):
             _tensor(op, name, t, HALF_DTYPES, contiguous=True)
-        _require(query.dtype == key.dtype == weights.dtype, op, "query, key and weights must share a dtype")
+        _require(query.dtype == key.dtype, op, "query and key must share a dtype")
+        fp32_weights = release >= (9, 0) and not self.is_950
+        _tensor(op, "weights", weights, (query.dtype, torch.float32) if fp32_weights else (query.dtype,),
+                contiguous=True)
         _require(layout_query in ("BSND", "TND"), op, f"layout_query {layout_query!r} not supported")
         _require(layout_key in ("PA_BSND", "BSND", "TND"), op, f"layout_key {layout_key!r} not supported")
         if layout_key != "PA_BSND":
             _require(layout_key == layout_query, op, "outside PageAttention layout_key must equal layout_query")
-        _require((1 <= sparse_count <= 2048) or sparse_count in LARGE_SPARSE_COUNTS, op,
-                 f"sparse_count {sparse_count} not supported (1-2048, {LARGE_SPARSE_COUNTS})")
+        large = LARGE_SPARSE_COUNTS if release >= (9, 0) else ()
+        _require((1 <= sparse_count <= 2048) or sparse_count in large, op,
+                 f"sparse_count {sparse_count} not supported (1-2048{', ' + str(large) if large else ''})")
         _require(sparse_mode in (0, 3), op, f"sparse_mode {sparse_mode} not supported (0 or 3)")
         _require(pre_tokens == INT64_MAX and next_tokens == INT64_MAX, op,
                  "pre_tokens/next_tokens only support the default")
@@ -271,7 +401,13 @@ class NpuEmulator:
                  f"{'[B, S1, N1]' if layout_query == 'BSND' else '[T, N1]'} = {list(query.shape[:-1])}, "
                  f"got {list(weights.shape)}")
         w_flat = weights.reshape(q_flat.shape[0], heads)
-        _require(heads == 64, op, f"N1 (query heads) only supports 64, got {heads}")
+        if release < (9, 0):
+            _require(heads == 64, op, f"N1 (query heads) only supports 64, got {heads}")
+        elif self.is_950:
+            _require(heads in (8, 16, 24, 32, 64), op, f"N1 (query heads) supports 8, 16, 24, 32, 64 on "
+                     f"Ascend 950, got {heads}")
+        else:
+            _require(1 <= heads <= 64, op, f"N1 (query heads) supports 1 to 64, got {heads}")
         _require(dim == 128, op, f"D only supports 128, got {dim}")
         batch = len(query_rows)
         key_rows = self._key_batches(op, key, layout_key, actual_seq_lengths_key, block_table, batch,
@@ -285,16 +421,17 @@ class NpuEmulator:
                 continue
             keys = key_rows(b)                                            # [Skv, 128] float32
             skv, sq = keys.shape[0], len(rows)
-            q = q_flat[rows].float()                                      # [Sq, 64, 128]
+            q = q_flat[rows].float()                                      # [Sq, N1, 128]
             scores = (torch.relu(q @ keys.T) * w_flat[rows].float().unsqueeze(-1)).sum(1)  # [Sq, Skv]
+            ranked = scores.to(torch.bfloat16)                            # the golden sorts bf16 scores
             for i, row in enumerate(rows):
                 limit = min(max(skv - sq + i + 1, 0), skv) if sparse_mode == 3 else skv
                 count = min(sparse_count, limit)
                 if count == 0:
                     continue
-                order = torch.sort(scores[i, :limit], descending=True, stable=True)
+                order = torch.sort(ranked[i, :limit], descending=True, stable=True)
                 indices[row, :count] = order.indices[:count].to(torch.int32)
-                values[row, :count] = order.values[:count]
+                values[row, :count] = order.values[:count].float()
         out_shape = ((query.shape[0], query.shape[1], 1, sparse_count) if layout_query == "BSND"
                      else (query.shape[0], 1, sparse_count))
         value_out = values.to(query.dtype).reshape(out_shape) if return_value else torch.empty([0])
@@ -353,13 +490,25 @@ class NpuEmulator:
                                    pre_tokens: int = INT64_MAX, next_tokens: int = INT64_MAX,
                                    attention_mode: int = 0, return_softmax_lse: bool = False,
                                    sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """MLA-absorb sparse attention: for each query token and head, over the selected
-        logical positions (walked in order, stopping at the first negative index; positions
-        at or past the batch's limit dropped), z = scale * (q.k + q_rope.k_rope),
-        out = softmax(z) @ value. Returns (out like query, softmax_max, softmax_sum), the
-        last two float32 [1, T, N1] (TND) / [B, 1, S1, N1] (BSND) when return_softmax_lse."""
+        """The golden (sparse_flash_attention_golden.py, v9.1.0.pre, `gatherKV` and
+        `_t_increattention_bnsd`), MLA-absorb mode: for each query token, with threshold =
+        the batch's kv length (sparse_mode 0) or its bottom-right causal limit (3), the first
+        min(sparse_size, ceil(threshold / sparse_block_size)) index entries are walked in
+        order, stopping at the first -1; a block starting at or past the threshold is
+        skipped, the last one clipped to it. Over the positions gathered (repeats count
+        again), z = scale * (q . k + q_rope . k_rope) in float32, p = softmax(z) rounded to
+        the query's dtype, out = p @ value[..., :512]. softmax_max = max z and softmax_sum =
+        sum exp(z - max) start at 0: a row with no position (or before the causal diagonal)
+        gets out 0, softmax_max 0, softmax_sum 0. Returns (out like query, softmax_max,
+        softmax_sum), the last two float32 [1, T, N1] (TND) / [B, 1, S1, N1] (BSND) when
+        return_softmax_lse. Constraints per CANN release and chip:
+        attention/sparse_flash_attention/README.md."""
         op = "npu_sparse_flash_attention"
         self.calls[op] += 1
+        release = self._attention_release(op)
+        supported = ("A2", "A3", "950") if release >= (9, 1) else ("A2", "A3")
+        _require(self.product in supported, op, f"{self.device_name} is not supported by CANN {self.cann_version} "
+                 f"(products: {', '.join(supported)})")
         _require(attention_mode == 2, op, f"attention_mode only supports 2 (MLA-absorb), got {attention_mode}")
         if value is None:
             _require(self._cann_at_least(9, 2), op, "value=None needs CANN >= 9.2.0")
@@ -380,6 +529,9 @@ class NpuEmulator:
         _require(sparse_mode in (0, 3), op, f"sparse_mode {sparse_mode} not supported (0 or 3)")
         _require(pre_tokens == INT64_MAX and next_tokens == INT64_MAX, op,
                  "pre_tokens/next_tokens only support the default")
+        if self.is_950:
+            _require(sparse_block_size == 1, op, f"sparse_block_size only supports 1 on Ascend 950, got "
+                     f"{sparse_block_size}")
         _require(1 <= sparse_block_size <= 128 and sparse_block_size & (sparse_block_size - 1) == 0, op,
                  f"sparse_block_size must be a power of 2 in [1, 128], got {sparse_block_size}")
         _require(not (return_softmax_lse and layout_kv == "PA_BSND"), op,
@@ -392,7 +544,10 @@ class NpuEmulator:
                  f"query_rope shape {list(query_rope.shape)} does not match query {list(query.shape)}")
         qr_flat = query_rope.reshape(q_flat.shape[0], q_flat.shape[1], -1)
         heads, dn, dr = q_flat.shape[1], q_flat.shape[2], qr_flat.shape[2]
-        _require(heads in (1, 2, 4, 8, 16, 32, 64, 128), op, f"N1 must be one of 1,2,4,...,128, got {heads}")
+        if self.is_950:
+            _require(1 <= heads <= 128, op, f"N1 must be in [1, 128] on Ascend 950, got {heads}")
+        else:
+            _require(heads in (1, 2, 4, 8, 16, 32, 64, 128), op, f"N1 must be one of 1,2,4,...,128, got {heads}")
         _require(dn == 512 and dr == 64, op, f"query D must be 512 and query_rope D 64, got {dn} and {dr}")
         batch = len(query_rows)
         rows_of = self._attention_kv(op, key, value, key_rope, layout_kv, actual_seq_lengths_kv,
@@ -407,33 +562,41 @@ class NpuEmulator:
         idx_flat = sparse_indices.reshape(total, -1).long()
 
         out = torch.zeros(total, heads, dn)
-        row_max = torch.full((total, heads), SOFTMAX_MAX_INIT)
+        row_max = torch.zeros(total, heads)                                 # the golden's initial 0
         row_sum = torch.zeros(total, heads)
+        sbs = sparse_block_size
         for b, rows in enumerate(query_rows):
             if not rows:
                 continue
             skv, k_nope, k_rope, v = rows_of(b)
-            sq = len(rows)
+            sq, width = len(rows), idx_flat.shape[1]
             idx = idx_flat[rows]                                            # [Sq, K]
-            walked = torch.cumprod((idx >= 0).long(), dim=1).bool()         # stops at the first -1
-            offsets = torch.arange(sparse_block_size)
-            pos = (idx.unsqueeze(-1) * sparse_block_size + offsets).flatten(1)  # [Sq, K*sbs]
-            walked = walked.repeat_interleave(sparse_block_size, dim=1)
-            limit = torch.arange(sq) + (skv - sq + 1) if sparse_mode == 3 else torch.full((sq,), skv)
-            keep = walked & (pos >= 0) & (pos < limit.clamp(0, skv).unsqueeze(-1))
-            safe = torch.where(keep, pos, 0)
-            if skv == 0:
+            threshold = (torch.arange(sq) + (skv - sq + 1) if sparse_mode == 3
+                         else torch.full((sq,), skv))                       # per query row
+            walk = torch.clamp(-(-threshold // sbs), 0, width)              # min(K, ceil(threshold / sbs))
+            entries = (torch.arange(width) < walk.unsqueeze(-1)) & torch.cumprod((idx != -1).long(), 1).bool()
+            if bool((entries & (idx < -1)).any()):
+                raise NotEmulatedError(f"{op}: an index below -1 is walked (the golden reads it as a negative "
+                                       "position; undefined)")
+            begin = idx * sbs
+            entries &= begin < threshold.unsqueeze(-1)                      # blocks past the threshold: skipped
+            pos = (begin.unsqueeze(-1) + torch.arange(sbs)).flatten(1)      # [Sq, K*sbs]
+            keep = entries.repeat_interleave(sbs, dim=1) & (pos < threshold.clamp(max=skv).unsqueeze(-1))
+            if skv == 0 or not bool(keep.any()):
                 continue
+            safe = torch.where(keep, pos, 0)
             kn, kr, vv = k_nope(safe), k_rope(safe), v(safe)                # [Sq, K*sbs, D]
             z = (q_flat[rows].float() @ kn.transpose(1, 2) + qr_flat[rows].float() @ kr.transpose(1, 2))
             z = (z * scale_value).masked_fill(~keep.unsqueeze(1), float("-inf"))  # [Sq, N1, K*sbs]
             any_valid = keep.any(dim=1)                                     # [Sq]
-            m = torch.where(any_valid.unsqueeze(-1), z.amax(dim=-1), torch.tensor(SOFTMAX_MAX_INIT))
-            p = torch.exp(z - m.unsqueeze(-1)).masked_fill(~keep.unsqueeze(1), 0.0)
-            s = p.sum(-1)
-            o = (p @ vv) / s.clamp(min=1e-30).unsqueeze(-1)
+            m = torch.where(any_valid.unsqueeze(-1), z.amax(dim=-1), 0.0)
+            e = torch.exp(z - m.unsqueeze(-1)).masked_fill(~keep.unsqueeze(1), 0.0)
+            total_e = e.sum(-1)
+            p = (e / total_e.clamp(min=1e-30).unsqueeze(-1)).to(query.dtype).float()
+            o = p @ vv
             out[rows] = torch.where(any_valid.view(-1, 1, 1), o, 0.0)
-            row_max[rows], row_sum[rows] = m, s
+            row_max[rows] = torch.where(any_valid.unsqueeze(-1), m, 0.0)
+            row_sum[rows] = torch.where(any_valid.unsqueeze(-1), total_e, 0.0)
         out = out.to(query.dtype).reshape(query.shape)
         if not return_softmax_lse:
             return out, torch.empty([0]), torch.empty([0])
@@ -570,16 +733,17 @@ class NpuEmulator:
                                  skip2: Tensor | None, bias: Tensor | None, scales: Tensor | None,
                                  expanded_src_to_dst_row: Tensor, export_for_source_row: Tensor | None,
                                  drop_pad_mode: int | None = 0, k: int | None = 1) -> Tensor:
-        """out[i] = skip1[i] + skip2[i] + sum_k scales[i, k] * (rows[idx(i, k)] + bias[expert(i, k)]),
-        idx(i, k) = expanded_src_to_dst_row[i + k*NUM_ROWS] (mode 0, K-major) or
-        [i*K + k] (mode 2, token-major, as produced by npu_moe_init_routing_v2)."""
+        """The documented formula: out[i] = skip1[i] + skip2[i] + sum_k scales[i, k] *
+        (rows[expanded_src_to_dst_row[i + k*NUM_ROWS]] + bias[export_for_source_row[i, k]])
+        (K-major indices). `k` (2026-10 wheels) gives K when scales is None."""
         op = "npu_moe_finalize_routing"
         self.calls[op] += 1
         rows_in = _tensor(op, "expanded_permuted_rows", expanded_permuted_rows, FLOAT_DTYPES, ndim=2)
         dtype = rows_in.dtype
         _tensor(op, "expanded_src_to_dst_row", expanded_src_to_dst_row, (torch.int32,), ndim=1)
-        _require(drop_pad_mode in (0, 2), op, f"drop_pad_mode {drop_pad_mode}: only the dropless modes 0 "
-                 "and 2 are emulated" if drop_pad_mode in (1, 3) else f"drop_pad_mode {drop_pad_mode} invalid")
+        # _op_plugin_docs.py, npu_moe_finalize_routing: "drop_pad_mode ... 取值范围为0" (only 0), in
+        # every wheel; the kernel's other modes (aclnnMoeFinalizeRoutingV2) are not documented for it
+        _require(drop_pad_mode == 0, op, f"drop_pad_mode only supports 0, got {drop_pad_mode}")
         if scales is not None:
             _tensor(op, "scales", scales, (dtype,), ndim=2)
             num_rows, top_k = scales.shape
@@ -602,10 +766,7 @@ class NpuEmulator:
         idx = expanded_src_to_dst_row.long()
         _require(bool(((idx >= 0) & (idx < rows_in.shape[0])).all()), op,
                  f"expanded_src_to_dst_row values must be in [0, {rows_in.shape[0] - 1}]")
-        if drop_pad_mode == 0:
-            idx = idx.reshape(top_k, num_rows).T                      # K-major
-        else:
-            idx = idx.reshape(num_rows, top_k)
+        idx = idx.reshape(top_k, num_rows).T                          # K-major
         gathered = rows_in.float()[idx]                               # [NUM_ROWS, K, H]
         if bias is not None:
             _require(export_for_source_row is not None, op, "bias needs export_for_source_row")
@@ -630,33 +791,54 @@ class NpuEmulator:
                            output_dtype: int | None = None, x_dtype: int | None = None,
                            weight_dtype: int | None = None, scale_dtype: int | None = None,
                            per_token_scale_dtype: int | None = None) -> list[Tensor]:
-        """Non-quantised grouped matmul y_i = x_i @ w_i (+ b_i), weights [K, N] per group.
-        group_type 0 splits the rows of one x over the groups by group_list (counts for
-        group_list_type 1, a cumulative sum for 0); -1 pairs list entries."""
+        """_op_plugin_docs.py, npu_grouped_matmul, group_list a Tensor (A2/A3): y_i = x_i @ w_i
+        (+ bias_i) unquantised (formula 1), or per-token quantised (formula 3: x, weight int8,
+        int32 accumulation (+ int32 bias), times the per-channel `scale` and the per-token
+        `per_token_scale` -- the formula writes "+ pertokenscale"; a product is what a
+        per-token scale is: inferred), output bfloat16/float16. group_type 0 splits the rows of
+        one x over the groups of one weight [E, K, N] by group_list (counts for
+        group_list_type 1, a cumulative sum for 0); -1 pairs list entries. The per-token
+        scale of one weight is [E, N] (vllm-ascend @182b75ea passes `scale=[w13_weight_scale]`
+        of that shape, vllm_ascend/quantization/methods/w8a8_dynamic.py)."""
         op = "npu_grouped_matmul"
         self.calls[op] += 1
-        quantised = (scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
-                     activation_quant_scale, activation_quant_offset)
-        if any(q is not None for q in quantised) or output_dtype is not None:
-            raise NotEmulatedError(f"{op}: quantised / output_dtype modes are not emulated")
+        unsupported = (offset, antiquant_scale, antiquant_offset, activation_input, activation_quant_scale,
+                       activation_quant_offset)
+        if any(q is not None for q in unsupported) or any(
+                d is not None for d in (x_dtype, weight_dtype, scale_dtype, per_token_scale_dtype)):
+            raise NotEmulatedError(f"{op}: offsets, antiquant, activation inputs and explicit input dtypes are "
+                                   "not emulated")
         _require(isinstance(x, (list, tuple)) and isinstance(weight, (list, tuple)), op,
                  "x and weight must be lists of tensors")
         _require(1 <= len(x) <= 128 and 1 <= len(weight) <= 128, op, "at most 128 tensors per list")
         _require(group_type in (-1, 0), op, f"group_type {group_type} not supported on A2/A3 (-1 or 0)")
-        _require(act_type == 0, op, "activations are only supported with per-token quantisation")
+        _require(act_type == 0, op, "activations are not emulated")
         _require(split_item in (0, 1, 2, 3), op, f"split_item must be 0..3, got {split_item}")
-        dtype = x[0].dtype
+        quantised = x[0].dtype == torch.int8
+        out_dtype = scalar_type(output_dtype)
+        if quantised:
+            _require(scale is not None and per_token_scale is not None, op,
+                     "int8 x needs scale and per_token_scale (the per-token quantised mode is the one emulated)")
+            _require(out_dtype in (torch.bfloat16, torch.float16), op, f"the per-token quantised mode outputs "
+                     f"bfloat16 or float16, got output_dtype {out_dtype}")
+        else:
+            _require(scale is None and per_token_scale is None, op, f"{x[0].dtype} x takes no scale")
+            _require(out_dtype in (None, x[0].dtype), op, f"output_dtype must be None or x's dtype, got {out_dtype}")
+            out_dtype = x[0].dtype
         for t in list(x) + list(weight):
-            _tensor(op, "x/weight", t, FLOAT_DTYPES)
-            _require(t.dtype == dtype, op, "x and weight must share a dtype")
-            _require(t.shape[-1] < 65536, op, f"the last dim of every x/weight must be < 65536, got {list(t.shape)}")
+            _tensor(op, "x/weight", t, (torch.int8,) if quantised else FLOAT_DTYPES)
+            _require(t.dtype == x[0].dtype, op, "x and weight must share a dtype")
+            _require(t.shape[-1] < 65536, op, f"the last dim of every x/weight must be < 65536 (InnerLimit), got "
+                     f"{list(t.shape)}")
         if group_type == -1:
+            _require(not quantised, op, "the quantised mode is emulated for group_type 0")
             _require(len(x) == len(weight), op, "group_type -1 pairs x[i] with weight[i]")
             outs = [(xi.float() @ wi.float()) for xi, wi in zip(x, weight)]
             if bias is not None:
                 outs = [o + b.float() for o, b in zip(outs, bias)]
-            outs = [o.to(dtype) for o in outs]
+            outs = [o.to(out_dtype) for o in outs]
             return [torch.cat(outs)] if split_item in (2, 3) else outs
+        _require(split_item in (2, 3), op, f"group_type 0 only supports split_item 2 or 3, got {split_item}")
         _require(len(x) == 1 and len(weight) == 1 and weight[0].dim() == 3, op,
                  "group_type 0 is emulated for one x [M, K] and one weight [E, K, N]")
         xs, w = _tensor(op, "x[0]", x[0], ndim=2), weight[0]
@@ -669,6 +851,8 @@ class NpuEmulator:
         _require(group_list_type in (0, 1), op, f"group_list_type must be 0 or 1, got {group_list_type}")
         values = [int(v) for v in group_list.tolist()]
         if group_list_type == 1:
+            # "当group_list_type为1时, group_list必须为非负数列, 且长度不能为1"
+            _require(len(values) != 1, op, "group_list_type 1 needs a group_list longer than 1")
             _require(all(v >= 0 for v in values) and sum(values) == xs.shape[0], op,
                      f"group_list counts must be >= 0 and sum to M={xs.shape[0]}, got {values}")
             ends = list(torch.tensor(values).cumsum(0).tolist()) if values else []
@@ -676,14 +860,28 @@ class NpuEmulator:
             _require(all(b >= a for a, b in zip([0] + values, values)) and values[-1] == xs.shape[0], op,
                      f"group_list must be a non-decreasing cumsum ending at M={xs.shape[0]}, got {values}")
             ends = values
+        if quantised:
+            _require(len(scale) == 1 and len(per_token_scale) == 1, op, "one scale and one per_token_scale")
+            w_scale, t_scale = scale[0], per_token_scale[0]
+            _tensor(op, "scale[0]", w_scale, (torch.float32, torch.bfloat16), ndim=2)
+            _require(tuple(w_scale.shape) == (experts, n_dim), op, f"scale must be [E, N] = [{experts}, {n_dim}], "
+                     f"got {list(w_scale.shape)}")
+            _tensor(op, "per_token_scale[0]", t_scale, (torch.float32,), ndim=1)
+            _require(t_scale.shape[0] == xs.shape[0], op, f"per_token_scale must be [M = {xs.shape[0]}]")
         out = torch.empty(xs.shape[0], n_dim)
         start = 0
         for e, end in enumerate(ends):
-            out[start:end] = xs[start:end].float() @ w[e].float()
-            if bias is not None:
-                out[start:end] += bias[0][e].float()
+            if quantised:  # exact int32 accumulation (float64 holds it), then the two scales
+                acc = xs[start:end].double() @ w[e].double()
+                if bias is not None:
+                    acc = acc + bias[0][e].double()
+                out[start:end] = acc.float() * w_scale[e].float() * t_scale[start:end].unsqueeze(-1)
+            else:
+                out[start:end] = xs[start:end].float() @ w[e].float()
+                if bias is not None:
+                    out[start:end] += bias[0][e].float()
             start = end
-        return [out.to(dtype)]
+        return [out.to(out_dtype)]
 
     # -- KV writes -------------------------------------------------------------------------
     def npu_scatter_nd_update_(self, self_tensor: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
@@ -799,13 +997,15 @@ class NpuEmulator:
         _require(all(r in (1, s) for r, s in zip(r1.shape[:3], x.shape[:3])), op,
                  f"r1 shape {list(r1.shape)} does not broadcast to x {list(x.shape)}")
         xf = x.float()
+        # _op_plugin_docs.py, npu_rotary_mul, jit_compile=False: both modes "D < 896, 且D为2的倍数";
+        # half mode B, N < 1000; interleave mode B * N < 1000 and r1/r2 as 11SD / 1S1D / S11D
         if rotary_mode == "half":
             _require(d % 2 == 0 and d < 896, op, f"half mode needs an even D < 896, got {d}")
             _require(x.shape[0] < 1000 and x.shape[2] < 1000, op, "B and N must be < 1000")
             x1, x2 = xf.chunk(2, dim=-1)
             rotated = torch.cat((-x2, x1), dim=-1)
         elif rotary_mode == "interleave":
-            _require(d % 2 == 0, op, f"interleave mode needs an even D, got {d}")
+            _require(d % 2 == 0 and d < 896, op, f"interleave mode needs an even D < 896, got {d}")
             _require(sum(s != 1 for s in r1.shape[:3]) <= 1, op,
                      f"interleave mode needs r1 of shape 11SD, 1S1D or S11D, got {list(r1.shape)}")
             non_seq = [s for s, r in zip(x.shape[:3], r1.shape[:3]) if r == 1]
@@ -817,27 +1017,26 @@ class NpuEmulator:
 
     # -- quantisation ----------------------------------------------------------------------
     def npu_dynamic_block_quant(self, x: Tensor, *, min_scale: float = 0.0, round_mode: str = "rint",
-                                dst_type: "int | torch.dtype" = 1, row_block_size: int = 1,
+                                dst_type: int = 1, row_block_size: int = 1,
                                 col_block_size: int = 128, dst_type_max: float = 0.0) -> tuple[Tensor, Tensor]:
-        """Per (row_block x col_block) block: scale = max(blockmax|x| / DTYPE_MAX, min_scale),
-        y = x / scale rounded to nearest-even (int8, or float8_e4m3fn on Ascend 950).
-        Returns (y like x in dst_type, scale float32 [..., rows, ceil(cols / 128)])."""
+        """Per 1 x 128 block: scale = max(blockmax|x| / 127, min_scale) (how min_scale enters is
+        inferred: the docs only say it is "the smallest scale taking part"), y = rint(x / scale)
+        int8. Returns (y like x, scale float32 [..., rows, ceil(cols / 128)]).
+        _op_plugin_docs.py: "dst_type ... 当前仅支持取值1" -- int8 output only, products Atlas
+        A2/A3 (the meta registration maps other dst_type values to FP8 dtypes, but no wheel
+        documents them, on any chip); row_block_size only 1, col_block_size only 128."""
         op = "npu_dynamic_block_quant"
         self.calls[op] += 1
+        _require(self.product in ("A2", "A3"), op, f"documented for Atlas A2/A3 only, not {self.device_name}")
         _tensor(op, "x", x, HALF_DTYPES, ndim=(2, 3))
         _require(min_scale >= 0.0, op, f"min_scale must be >= 0, got {min_scale}")
         _require(round_mode == "rint", op, "round_mode only supports 'rint'")
         _require(row_block_size == 1, op, "row_block_size only supports 1")
         _require(col_block_size == 128, op, "col_block_size only supports 128")
-        target = {1: torch.int8, torch.int8: torch.int8, 24: torch.float8_e4m3fn,
-                  torch.float8_e4m3fn: torch.float8_e4m3fn, 292: torch.float8_e4m3fn}.get(dst_type)
-        _require(target is not None, op, f"dst_type {dst_type!r} not supported")
-        if target != torch.int8:
-            _require(self.is_950, op, f"dst_type {target} is only supported on Ascend 950; dst_type only "
-                     "supports torch.int8 on 910B/910C")
-        limit = 127.0 if target == torch.int8 else 448.0
+        _require(scalar_type(dst_type) == torch.int8, op, f"dst_type only supports 1 (int8), got {dst_type!r}")
         if dst_type_max:
-            limit = float(dst_type_max)
+            raise NotEmulatedError(f"{op}: dst_type_max (undocumented) is not emulated")
+        limit = 127.0
         cols = x.shape[-1]
         blocks = -(-cols // col_block_size)
         padded = torch.nn.functional.pad(x.float(), (0, blocks * col_block_size - cols))
@@ -846,6 +1045,72 @@ class NpuEmulator:
         safe = torch.where(scale > 0, scale, 1.0)
         q = (view / safe.unsqueeze(-1)).clamp(-limit, limit)
         q = q.reshape(*x.shape[:-1], blocks * col_block_size)[..., :cols]
-        y = torch.round(q).to(torch.int8) if target == torch.int8 else q.to(torch.float8_e4m3fn)
-        return y, scale
+        return torch.round(q).to(torch.int8), scale
 
+    def npu_dynamic_quant(self, input: Tensor, *, smooth_scales: Tensor | None = None,
+                          group_index: Tensor | None = None, dst_type: int | None = None,
+                          quant_mode: str = "pertoken", dst_type_max: float = 0.0) -> tuple[Tensor, Tensor]:
+        """_op_plugin_docs.py, npu_dynamic_quant: per-token symmetric dynamic quantisation,
+        scale = rowMax(|x|) / DTYPE_MAX, y = round(x / scale); x float16/bfloat16 with more
+        than one dim, y like x in dst_type (None: int8; A2/A3 document int8 and quint4x2), scale
+        float32 of x's shape without the last dim. round() is taken as rint (half to even), the
+        one round_mode npu_dynamic_block_quant documents: inferred. A row of zeros has scale 0
+        and 0 / 0 for y, which the docs leave undefined: the emulator writes 127 there, so that
+        code relying on it fails."""
+        op = "npu_dynamic_quant"
+        self.calls[op] += 1
+        x = input
+        _require(self.product in ("A2", "A3"), op, f"documented for Atlas A2/A3 only, not {self.device_name}")
+        _tensor(op, "x", x, HALF_DTYPES)
+        _require(x.dim() > 1, op, f"x must have more than one dim, got {list(x.shape)}")
+        if smooth_scales is not None or group_index is not None:
+            raise NotEmulatedError(f"{op}: smooth_scales / group_index (MoE smoothing) are not emulated")
+        target = scalar_type(dst_type) or torch.int8
+        _require(target in (torch.int8,), op, f"dst_type {dst_type!r}: only torch.int8 is emulated (A2/A3 document "
+                 "int8 and quint4x2)")
+        _require(quant_mode == "pertoken", op, f"quant_mode {quant_mode!r} is not emulated")
+        if dst_type_max:
+            raise NotEmulatedError(f"{op}: dst_type_max (undocumented) is not emulated")
+        xf = x.float()
+        scale = xf.abs().amax(-1) / 127.0
+        y = torch.round(xf / scale.unsqueeze(-1))
+        y = torch.where(scale.unsqueeze(-1) > 0, y, 127.0)
+        return y.to(torch.int8), scale
+
+    def npu_quant_matmul(self, x1: Tensor, x2: Tensor, scale: Tensor, *, offset: Tensor | None = None,
+                         pertoken_scale: Tensor | None = None, bias: Tensor | None = None,
+                         output_dtype: int | None = None, x1_dtype: int | None = None,
+                         x2_dtype: int | None = None, pertoken_scale_dtype: int | None = None,
+                         scale_dtype: int | None = None, group_sizes: list[int] | None = None,
+                         y_scale: Tensor | None = None) -> Tensor:
+        """_op_plugin_docs.py, npu_quant_matmul, the per-token row of its A2/A3 dtype table:
+        x1 int8 [M, K], x2 int8 [K, N] (a transposed view of [N, K] is the documented weight
+        layout), scale float32/bfloat16 [N] (or [1]), pertoken_scale float32 [M], output
+        bfloat16 or float16. out = int32(x1 @ x2) * scale * pertoken_scale (the formula is
+        npu_grouped_matmul's per-token one; the bias modes are not emulated). The last dims of
+        x1 and x2 must not exceed 65535."""
+        op = "npu_quant_matmul"
+        self.calls[op] += 1
+        _require(self.product in ("A2", "A3"), op, f"documented for Atlas A2/A3 (and inference cards) only, "
+                 f"not {self.device_name}")
+        if any(v is not None for v in (offset, bias, x1_dtype, x2_dtype, pertoken_scale_dtype, scale_dtype,
+                                       group_sizes, y_scale)):
+            raise NotEmulatedError(f"{op}: offset, bias, explicit dtypes, group_sizes and y_scale are not emulated")
+        _tensor(op, "x1", x1, (torch.int8,), ndim=2)
+        _tensor(op, "x2", x2, (torch.int8,), ndim=2)
+        m, k = x1.shape
+        _require(x2.shape[0] == k, op, f"x2 must be [K = {k}, N], got {list(x2.shape)}")
+        n = x2.shape[1]
+        _require(k <= 65535 and n <= 65535, op, f"the last dims of x1 and x2 must not exceed 65535, got K={k}, N={n}")
+        _tensor(op, "scale", scale, (torch.float32, torch.bfloat16), ndim=1)
+        _require(scale.shape[0] in (1, n), op, f"scale must be [1] or [N = {n}], got {list(scale.shape)}")
+        _require(pertoken_scale is not None, op, "the per-token mode is the one emulated: pertoken_scale is required")
+        _tensor(op, "pertoken_scale", pertoken_scale, (torch.float32,), ndim=1)
+        _require(pertoken_scale.shape[0] == m, op, f"pertoken_scale must be [M = {m}]")
+        out_dtype = scalar_type(output_dtype)
+        _require(out_dtype in (torch.bfloat16, torch.float16), op, f"with pertoken_scale the output is bfloat16 or "
+                 f"float16, got output_dtype {out_dtype}")
+        if out_dtype == torch.float16:
+            _require(scale.dtype == torch.float32, op, "float16 output takes a float32 scale")
+        acc = (x1.double() @ x2.double()).float()          # exact int32 accumulation
+        return (acc * scale.float() * pertoken_scale.unsqueeze(-1)).to(out_dtype)

@@ -1,10 +1,15 @@
-"""A CPU emulator of the parts of `torch_mlu` and `torch_mlu_ops` (1.12) that glm5_hal's
+"""A CPU emulator of the parts of `torch_mlu` and `torch_mlu_ops` 1.12.1 that glm5_hal's
 cambricon adapters call.
 
-Written from the vendor's published semantics: the torch_mlu_ops docstrings ("Math:",
-"Args:", "Type:", "Note:" sections of torch_mlu_ops/_ops.py, shapes from its abstract.py),
-the vllm-mlu wrappers (vllm_mlu/_mlu_ops.py: how the ops are called and composed), and
-torch_mlu's device module (is_bf16_supported: major >= 5; is_fp8_supported: major >= 6).
+Written from the vendor's published code, the one public version of each:
+* torch_mlu_ops 1.12.1+torch2.11.0 as published in miznchimaki/domesticated_torch_mlu_ops
+  @9fbf7df6: the docstrings of torch_mlu_ops/_ops.py ("Math:", "Args:", "Type:", "Note:"
+  sections: signatures, layouts, constraints) and the shapes of abstract.py;
+* Cambricon/vllm-mlu vllm_mlu/_mlu_ops.py @8fa99fd9: how the ops are called and composed;
+* Cambricon/torch_mlu @d578002c: the device module (is_bf16_supported: major >= 5,
+  torch_mlu/mlu/__init__.py:135-137; Stream.mlu_stream), which has no is_fp8_supported: the
+  emulated torch.mlu has one only when asked for (`fp8_query=`), standing in for a torch_mlu
+  that would declare FP8 -- what such a chip does with FP8 is UNVERIFIED.
 It models:
 
 * the signatures, including positional order and keyword names,
@@ -39,17 +44,17 @@ FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
 #: chip key -> (torch.mlu.get_device_name, get_device_capability). The majors of MLU370 and
-#: MLU590 are inferred from their arch numbers (mtp_372, mtp_592); "cap6" stands for an
-#: FP8-capable generation (torch_mlu: is_fp8_supported iff major >= 6), "MLU290" for an
-#: older, unsupported one.
+#: MLU590 are inferred from their arch numbers (mtp_372, mtp_592: UNVERIFIED); "cap6" stands
+#: for a newer generation whose torch_mlu declares FP8 (a hypothetical is_fp8_supported()),
+#: "MLU290" for an older, unsupported one.
 CHIPS = {
     "MLU370": ("MLU370-X8", (3, 0)),
     "MLU590": ("MLU590", (5, 0)),
     "cap6": ("MLU (capability 6.0)", (6, 0)),
     "MLU290": ("MLU290-M5", (2, 0)),
 }
-TMO_VERSION = "1.12.1+torch2.11.0"
-TORCH_MLU_VERSION = "1.26.0+torch2.11.0"
+TMO_VERSION = "1.12.1+torch2.11.0"        # torch_mlu_ops/_version.py of the public 1.12.1
+TORCH_MLU_VERSION = "1.26.0+torch2.11.0"  # a stand-in: only reported, no behaviour keys on it
 
 
 class MluOpError(RuntimeError):
@@ -91,8 +96,11 @@ class _Stream:
 class _MluModule:
     """torch.mlu as registered by torch_mlu, for one emulated chip."""
 
-    def __init__(self, device_name: str, capability: tuple[int, int], devices: int) -> None:
+    def __init__(self, device_name: str, capability: tuple[int, int], devices: int, fp8: bool | None) -> None:
         self._name, self._capability, self._devices = device_name, capability, devices
+        self.fp8 = bool(fp8)
+        if fp8 is not None:   # the public torch_mlu has no is_fp8_supported
+            self.is_fp8_supported = lambda: self.fp8
 
     def is_available(self) -> bool:
         return self._devices > 0
@@ -108,9 +116,6 @@ class _MluModule:
 
     def is_bf16_supported(self) -> bool:
         return self._capability[0] >= 5
-
-    def is_fp8_supported(self) -> bool:
-        return self._capability[0] >= 6
 
     def current_stream(self, device: object = None) -> _Stream:
         return _Stream()
@@ -144,8 +149,8 @@ class TorchMluOps:
         major = self._mlu.get_device_capability()[0]
         _require(t.dtype != _BF16 or major >= 5, op, f"bfloat16 is not supported on capability {major}.x "
                  "(torch.mlu.is_bf16_supported() is False)")
-        _require(t.dtype != _FP8 or major >= 6, op, f"float8_e4m3fn is not supported on capability {major}.x "
-                 "(torch.mlu.is_fp8_supported() is False)")
+        _require(t.dtype != _FP8 or self._mlu.fp8, op, f"float8_e4m3fn is not supported on capability {major}.x "
+                 "(no FP8 declared by torch_mlu)")
 
     # -- normalisation, activation, rotary ---------------------------------------------------
     def fused_rms_norm(self, x, residual, gamma, beta, bias, eps, store_output_before_norm,
@@ -290,6 +295,63 @@ class TorchMluOps:
             d.copy_(result)
             return d
         return result
+
+    def smooth_quant_group_gemm(self, a, b, m_list, expand_idx, c, alpha, beta, a_scale, b_scale, dtype, max_m,
+                                bias=None, quant_flag=None, d=None, tile_config=None, a_calibration=None,
+                                b_calibration=None, a_quant_bit_size=8, a_lora=None, b_lora=None, idx_offset=None,
+                                is_symmetric_quant=True):
+        """Math (1.12.1): a_list = a.split(m_list); d_i = matmul(a_i, b[i]) * outer(a_scale_i,
+        b_scale[i]) * alpha[i] + beta[i] * c_i + bias[i] (b "must be transposed": b[i] is [n, k],
+        matmul(a_i, b[i]) is a_i @ b[i]^T). Two modes are emulated: smooth quantization (int8 a
+        and b, a_scale (total_m), b_scale (experts, n)) and a_groupwise-b_per_block (float8 a and
+        b, a_scale (k_block, total_m), b_scale (experts, n_block, k_block), k_block * block == k,
+        n_block * block == n; the per-block product is inferred from the Args, the Math shows only
+        the first mode). dtype must be half or bfloat16."""
+        op = "smooth_quant_group_gemm"
+        _not_emulated(expand_idx is not None or idx_offset is not None, op, "expand_idx gathering")
+        _not_emulated(c is not None or alpha is not None or beta is not None or bias is not None or d is not None, op,
+                      "c / alpha / beta / bias / d epilogues")
+        _not_emulated(quant_flag is not None or tile_config is not None or a_calibration is not None
+                      or b_calibration is not None or a_lora is not None or b_lora is not None
+                      or a_quant_bit_size != 8, op, "int4, calibration, lora and tile modes")
+        _require(dtype in HALVES, op, f"dtype must be torch.half or torch.bfloat16, got {dtype}")
+        _tensor(op, "a", a, (_I8, _FP8), ndim=2)
+        self._device_dtype(op, a)
+        _tensor(op, "b", b, (a.dtype,), ndim=3)
+        experts, n, k = b.shape
+        total_m = a.shape[0]
+        _require(a.shape[1] == k, op, f"a is (m, {a.shape[1]}) but b is (experts, n, {k})")
+        _tensor(op, "m_list", m_list, (_I32,), ndim=1)
+        _require(m_list.shape[0] == experts, op, f"m_list must have {experts} entries")
+        counts = [int(v) for v in m_list.tolist()]
+        _require(all(v >= 0 for v in counts), op, "m_list entries must be >= 0")
+        if sum(counts) != total_m:
+            raise NotEmulatedError(f"torch_mlu_ops.{op}: rows of a past the sum of m_list are not emulated")
+        _require(max(counts, default=0) <= max_m, op, f"max_m {max_m} is smaller than an m_list entry")
+        if a.dtype == _I8:
+            _tensor(op, "a_scale", a_scale, (_F32,), ndim=1)
+            _require(a_scale.shape[0] == total_m, op, f"a_scale must be ({total_m})")
+            _tensor(op, "b_scale", b_scale, (_F32,), ndim=2)
+            _require(tuple(b_scale.shape) == (experts, n), op, f"b_scale must be ({experts}, {n})")
+            a_deq = a.double() * a_scale.double()[:, None]
+            b_deq = b.double() * b_scale.double()[:, :, None]
+        else:
+            _tensor(op, "a_scale", a_scale, (_F32,), ndim=2)
+            _tensor(op, "b_scale", b_scale, (_F32,), ndim=3)
+            k_block, n_block = a_scale.shape[0], b_scale.shape[1]
+            _require(a_scale.shape[1] == total_m and tuple(b_scale.shape) == (experts, n_block, k_block), op,
+                     "a_scale must be (k_block, total_m) and b_scale (experts, n_block, k_block)")
+            _require(k_block > 0 and k % k_block == 0 and n_block > 0 and n % n_block == 0, op,
+                     "k_block * k_block_size must be equal to k, and n_block * n_block_size to n")
+            kb, nb = k // k_block, n // n_block
+            a_deq = a.double() * a_scale.double().T.repeat_interleave(kb, dim=1)
+            b_deq = b.double() * b_scale.double().repeat_interleave(nb, dim=1).repeat_interleave(kb, dim=2)
+        out = torch.empty((total_m, n), dtype=torch.float64)
+        start = 0
+        for e, count in enumerate(counts):
+            out[start:start + count] = a_deq[start:start + count] @ b_deq[e].T
+            start += count
+        return out.to(dtype)
 
     def _route(self, op, input, topk, normalize, num_expert_group, topk_group, mask, normed_by, route_scale,
                score_bias, reduce_weight, expert_id, func):
@@ -484,35 +546,6 @@ class TorchMluOps:
                 key[starts[b] + p] = key_cache[block, :, p % block_size, :]
         return None
 
-    def quant_to_paged_cache(self, k, v, k_cache, v_cache, k_cache_quant_scale, v_cache_quant_scale,
-                             slot_mapping):
-        op = "quant_to_paged_cache"
-        _not_emulated(v is not None or v_cache is not None or v_cache_quant_scale is not None, op, "values")
-        _tensor(op, "k", k, FLOATS, ndim=3)
-        self._device_dtype(op, k)
-        _tensor(op, "k_cache", k_cache, (_I8, _FP8), ndim=4, contiguous=True)
-        self._device_dtype(op, k_cache)
-        blocks, heads, block_size, dim = k_cache.shape
-        _require(k.shape[1:] == (heads, dim), op, f"k must be (token_nums, {heads}, {dim})")
-        _tensor(op, "k_cache_quant_scale", k_cache_quant_scale, (_F32,), ndim=3, contiguous=True)
-        _require(k_cache_quant_scale.shape == (blocks, heads, block_size), op,
-                 "k_cache_quant_scale must be (block_nums, head_num_kv, block_size)")
-        slots = self._slots(op, slot_mapping, k.shape[0], blocks * block_size)
-        # The docstring's math has no branch for negative slots (unlike reshape_paged_cache).
-        _not_emulated(any(s < 0 for s in slots), op, "negative (padding) slots")
-        limit = 448.0 if k_cache.dtype == _FP8 else 127.0
-        for i, slot in enumerate(slots):
-            row = k[i].float()
-            scale = row.abs().amax(dim=-1) / limit
-            scaled = row / scale.unsqueeze(-1)
-            if k_cache.dtype == _FP8:
-                q = scaled.clamp(-limit, limit).to(_FP8)
-            else:
-                q = scaled.round().clamp(-128, 127).to(_I8)
-            k_cache[slot // block_size, :, slot % block_size, :] = q
-            k_cache_quant_scale[slot // block_size, :, slot % block_size] = scale
-        return k_cache, k_cache_quant_scale
-
     # -- DSA indexer ---------------------------------------------------------------------------
     def masked_indexer_select_paged_kv(self, query, k_cache, weights, kv_cache_block_table, cu_seq_q_lens,
                                        cu_seq_k_lens, k_context_lens, k_cache_block_table, is_prefill, index_topk,
@@ -596,11 +629,15 @@ class MluEmulator:
 
     def __init__(self, chip: str = "MLU590", *, devices: int = 8, tmo_version: str = TMO_VERSION,
                  version: str = TORCH_MLU_VERSION, fp32_precision: str = "none",
-                 gen_idx_order: str = "stable") -> None:
+                 gen_idx_order: str = "stable", fp8_query: bool | None | str = "by chip") -> None:
+        """`fp8_query`: what a torch.mlu.is_fp8_supported() answers (None: the function is
+        absent, as in the public torch_mlu); "by chip": True for "cap6", absent otherwise."""
         name, capability = CHIPS[chip]
         self.device_name, self.capability = name, capability
         self.__version__ = version
-        self.mlu = _MluModule(name, capability, devices)
+        if fp8_query == "by chip":
+            fp8_query = True if chip == "cap6" else None
+        self.mlu = _MluModule(name, capability, devices, fp8_query)
         self.backends = types.SimpleNamespace(
             mlu=types.SimpleNamespace(matmul=types.SimpleNamespace(fp32_precision=fp32_precision)),
             fp32_precision="none")

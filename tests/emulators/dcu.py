@@ -1,26 +1,32 @@
 """A CPU emulator of the Hygon DCU vendor surface glm5_hal's dcu adapters call (the surface
 backends/dcu/runtime.py describes): the parts of a DTK (ROCm) build of torch the probe reads
 (torch.version.hip, torch.__hcu_version__, torch.cuda's device queries with gcnArchName),
-torch._grouped_mm, Hygon's lightop (RMSNorm, SiLU-and-mul, per-row top-k) and vLLM's
+torch._grouped_mm, Hygon's lightop (RMSNorm, SiLU-and-mul, per-row top-k) laid out as one
+lightop version lays it out (`DcuEmulator(lightop="0.6.0")`), and vLLM's
 `_C.rotary_embedding`. It can also pose as an NVIDIA or a plain AMD ROCm torch, so the
 probe's "not a Hygon DCU" reasons are tested.
 
-Written from public sources (summarised in /work/notes/vendors_other.md section 2 and
-backends/dcu/README.md, "Sources"):
-* vllm-plugin-das: lightop.op.rmsnorm_forward_autograd(x, weight, eps, training) returns the
-  normalised tensor; silu_and_mul_opt(out, x) writes silu(x[..., :d]) * x[..., d:] into out
-  (lightop.activation, formerly lightop.op); the platform is ROCm-based, device type "cuda",
-  gcnArchName like gfx928 / gfx936;
-* FlagGems: a Hygon torch build carries torch.__hcu_version__;
-* vLLM csrc/sampler.cu (top_k_per_row_prefill: float32 logits rows, [row_start, row_end)
-  ranges, indices relative to the row start, a row with at most top-k keys gives 0..len-1)
-  and a field report on lightop's closed version of it: it does NOT fill the unused slots
-  with -1; they keep garbage (observed from -2e9 to +1.9e9). The emulator writes such
-  garbage there, some of it in range, so only an adapter that sanitises by the row length
-  passes;
-* vLLM csrc/pos_encoding_kernels.cu (rotary_embedding: in place on query and key; the
-  cos_sin_cache row of a position holds the rot_dim/2 cosines then the sines; NeoX pairs
-  (i, i + rot_dim/2), GPT-J pairs (2i, 2i + 1); arithmetic in the query's dtype);
+lightop is closed; it is written from how HYGON-AI/vllm-plugin-das calls it and from the
+vLLM kernels lightop's functions mirror:
+* vllm_hcu/ops/rms_norm.py @474991d4: rmsnorm_forward_autograd(x, weight, eps, training)
+  returns the normalised tensor, from `lightop.norm` (LightOp 0.6; `lightop.op` before), and
+  "lightop's HCU RMSNorm kernel currently rejects reductions narrower than one wave" (64);
+* vllm_hcu/ops/silu_and_mul.py @10ca569f: `lightop.op.silu_and_mul_opt(out, x)` writes
+  silu(x[..., :d]) * x[..., d:] into out (lightop.activation from 0.6);
+* docs/superpowers/specs/2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e: the
+  LightOp 0.6 layout (norm / activation / attention), read from the installed 0.6.0 wheel;
+  whether 0.6 still exports the old `lightop.op` names is not said, so the 0.6 emulation has
+  the categorized modules only;
+* vllm_hcu/platforms/hcu.py @01211a04: device type "cuda", gcnArchName like gfx936 / gfx938;
+* vllm-project/vllm csrc/sampler.cu @00e831b2 (topKPerRowJob: float32 logits rows,
+  [row_start, row_end) ranges, indices relative to the row start; a row with at most top-k
+  keys gives 0..len-1 and -1 in the rest);
+* vllm-project/vllm csrc/pos_encoding_kernels.cu @0f5257e2 (rotary_embedding: in place on
+  query and key; the cos_sin_cache row of a position holds the rot_dim/2 cosines then the sines;
+  NeoX pairs (i, i + rot_dim/2), GPT-J pairs (2i, 2i + 1); the products in float32, stored in
+  the query's dtype; the schema's later rope_dim_offset=0, inverse=False default, so the
+  six-argument call holds);
+* FlagGems runtime: a Hygon torch build carries torch.__hcu_version__;
 * upstream torch._grouped_mm (emulators/torch_ops.py).
 
 Violating a documented constraint raises DcuOpError (a RuntimeError, as TORCH_CHECK does);
@@ -35,9 +41,14 @@ import types
 import torch
 from torch import Tensor
 
+from glm5_hal.vendor_backend import leading_numbers
+
 from . import torch_ops
 
 HALVES = (torch.float16, torch.bfloat16)
+#: the lightop versions emulated: one before the categorized API, LightOp 0.6.0
+LIGHTOP_VERSIONS = ("0.5.3", "0.6.0+das.dtk2604")
+RMSNORM_MIN_COLS = 64
 
 #: card -> (torch.cuda.get_device_properties().name, gcnArchName)
 CARDS = {
@@ -55,8 +66,6 @@ FLAVORS = {
     "cuda": (None, "12.8", False),
     "cpu": (None, None, False),
 }
-#: what lightop's top-k leaves in unused slots (field report: -2e9 .. +1.9e9), cycled
-GARBAGE = (-2_000_000_000, 1_900_000_000, 0, 7, -5, 3)
 
 
 class DcuOpError(RuntimeError):
@@ -139,14 +148,14 @@ class _Torch:
             raise NotEmulatedError(str(exc)) from None
 
 
-class _LightopOp:
-    """lightop.op (and lightop.activation for silu_and_mul_opt)."""
+class _LightopKernels:
+    """The lightop functions the adapters call, wherever a version keeps them."""
 
     def __init__(self, emulator: "DcuEmulator") -> None:
         self._emulator = emulator
 
     def rmsnorm_forward_autograd(self, x: Tensor, weight: Tensor, eps: float, training: bool) -> Tensor:
-        op = "lightop.op.rmsnorm_forward_autograd"
+        op = "lightop rmsnorm_forward_autograd"
         self._emulator.calls["rmsnorm_forward_autograd"] += 1
         if x.dtype not in HALVES:
             raise NotEmulatedError(f"{op}: vLLM's DCU plugin runs it on bf16/fp16 only, got {x.dtype}")
@@ -154,6 +163,8 @@ class _LightopOp:
             raise NotEmulatedError(f"{op}: the training (autograd) path is not emulated")
         _require(x.dim() == 2 and x.is_contiguous(), op, f"x must be a contiguous [tokens, hidden] tensor, got "
                  f"{list(x.shape)}")
+        _require(x.shape[1] >= RMSNORM_MIN_COLS, op, f"the HCU RMSNorm kernel rejects reductions narrower than one "
+                 f"wave ({RMSNORM_MIN_COLS}), got {x.shape[1]}")
         _require(weight.dtype == x.dtype and tuple(weight.shape) == (x.shape[1],), op,
                  f"weight must be [{x.shape[1]}] {x.dtype}, got {list(weight.shape)} {weight.dtype}")
         xf = x.float()
@@ -174,18 +185,26 @@ class _LightopOp:
 
 
 class _Lightop:
-    """The lightop package: op / activation submodules and the per-row top-k."""
+    """The lightop package at one version: before 0.6 the functions live in `lightop.op`, from
+    LightOp 0.6 in `lightop.norm` / `lightop.activation` / `lightop.attention`."""
 
-    def __init__(self, emulator: "DcuEmulator") -> None:
+    def __init__(self, emulator: "DcuEmulator", version: str) -> None:
         self._emulator = emulator
         self.__name__ = "lightop"
-        self.op = _LightopOp(emulator)
-        self.activation = types.SimpleNamespace(silu_and_mul_opt=self.op.silu_and_mul_opt)
+        kernels = _LightopKernels(emulator)
+        top_k = self.top_k_per_row_prefill
+        if leading_numbers(version)[:2] >= (0, 6):
+            self.norm = types.SimpleNamespace(rmsnorm_forward_autograd=kernels.rmsnorm_forward_autograd)
+            self.activation = types.SimpleNamespace(silu_and_mul_opt=kernels.silu_and_mul_opt)
+            self.attention = types.SimpleNamespace(top_k_per_row_prefill=top_k)
+        else:
+            self.op = types.SimpleNamespace(rmsnorm_forward_autograd=kernels.rmsnorm_forward_autograd,
+                                            silu_and_mul_opt=kernels.silu_and_mul_opt, top_k_per_row_prefill=top_k)
 
     def top_k_per_row_prefill(self, logits: Tensor, row_starts: Tensor, row_ends: Tensor, indices: Tensor,
                               num_rows: int, stride0: int, stride1: int, topk: int) -> None:
-        """vLLM's semantics (indices relative to the row start), with lightop's defect: a row
-        with fewer keys than topk leaves slots [len, topk) holding garbage, not -1."""
+        """vLLM's topKPerRowJob: indices relative to the row start; a row with at most topk keys
+        gets 0..len-1 (not sorted by score) and -1 in slots [len, topk)."""
         op = "lightop top_k_per_row_prefill"
         self._emulator.calls["top_k_per_row_prefill"] += 1
         _require(logits.dtype == torch.float32 and logits.dim() == 2, op, "logits must be 2-D float32")
@@ -204,8 +223,7 @@ class _Lightop:
             length = end - start
             if length <= topk:
                 indices[r, :length] = torch.arange(length, dtype=torch.int32)
-                for j in range(length, topk):
-                    indices[r, j] = GARBAGE[(r + j) % len(GARBAGE)]
+                indices[r, length:topk] = -1
             else:
                 chosen = torch.topk(logits[r, start:end], topk).indices
                 indices[r, :topk] = chosen.to(torch.int32)
@@ -241,22 +259,23 @@ class _VllmOps:
                 x, y = heads[..., : rot // 2], heads[..., rot // 2: rot]
             else:
                 x, y = heads[..., 0:rot:2], heads[..., 1:rot:2]
-            c, s = cos[:, None, :], sin[:, None, :]
-            new_x, new_y = x * c - y * s, y * c + x * s
+            c, s = cos[:, None, :].float(), sin[:, None, :].float()
+            xf, yf = x.float(), y.float()
+            new_x, new_y = (xf * c - yf * s).to(t.dtype), (yf * c + xf * s).to(t.dtype)
             x.copy_(new_x)
             y.copy_(new_y)
 
 
 class DcuEmulator:
     """Stands in for DcuRuntime. `card` is a key of CARDS, `flavor` a key of FLAVORS (the torch
-    build); `lightop`, `vllm` and `grouped_mm` ("ok", "absent", "raises") configure the
-    optional packages. `calls` counts vendor calls."""
+    build); `lightop` (a version, or None: not installed), `vllm` and `grouped_mm` ("ok",
+    "absent", "raises") configure the optional packages. `calls` counts vendor calls."""
 
     EMULATOR = True
 
     def __init__(self, card: str = "K100_AI", *, flavor: str = "dcu", devices: int = 8,
-                 version: str = "2.9.0+das.opt1.dtk2604", lightop: bool = True, vllm: bool = True,
-                 grouped_mm: str = "ok") -> None:
+                 version: str = "2.9.0+das.opt1.dtk2604", lightop: str | None = LIGHTOP_VERSIONS[-1],
+                 vllm: bool = True, grouped_mm: str = "ok") -> None:
         if card not in CARDS or flavor not in FLAVORS or grouped_mm not in ("ok", "absent", "raises"):
             raise ValueError(f"unknown card/flavor/grouped_mm {card!r}/{flavor!r}/{grouped_mm!r}")
         self.card = card
@@ -264,10 +283,14 @@ class DcuEmulator:
         self.calls: collections.Counter = collections.Counter()
         self.torch = _Torch(self, flavor, version, grouped_mm)
         self.__version__ = version
-        self.lightop = _Lightop(self) if lightop else None
+        self.lightop = _Lightop(self, lightop) if lightop else None
         self.lightop_missing = "" if lightop else "lightop not installed (Hygon's fused-op package from DTK / the DAS image)"
         self.vllm_ops = _VllmOps(self) if vllm else None
         self.vllm_ops_missing = "" if vllm else "vLLM's _C ops unavailable (vllm not installed)"
+        self._packages = {"lightop": lightop} if lightop else {}
+
+    def package_version(self, name: str) -> str | None:
+        return self._packages.get(name)
 
     def __repr__(self) -> str:
         return f"DcuEmulator(card={self.card!r})"

@@ -1,27 +1,38 @@
 """A CPU emulator of the parts of Kunlun's xpytorch stack that glm5_hal's kunlun adapters call:
-`kunlun_ops`, the vLLM-Kunlun MoE kernels in `torch.ops._C`, `torch.ops.xspeedgate_ops`, and
-the CUDA-compatible device surface (`torch.cuda` answering for the XPU).
+`kunlun_ops`, the vLLM-Kunlun kernels in `torch.ops._C`, `torch.ops.xspeedgate_ops`, and the
+CUDA-compatible device surface (`torch.cuda` answering for the XPU), as one of the public
+vLLM-Kunlun versions registers them (`XpuEmulator(vllm_kunlun="0.11.0")`).
 
-Written from the published usage and semantics: vLLM-Kunlun (vllm_kunlun/ops/_kunlun_ops.py,
-its torch equivalents `_sigmoid_group_topk_norm_torch` and `_moe_pre_sorted_torch`, and the
-measured notes in vllm_kunlun/ops/moe/router.py, preprocess.py and ffn.py: keyword names,
-the [12, E] block_statistic histogram, the 512-expert ceiling, renormalisation), the paged
-cache layout [blocks, heads, block_size, dim] of its reshape_and_cache tests, sglang-kunlun's
-use of xspeedgate_ops.hadamard_transform, and the field report that moe_fc's fused SWISH_GLU
-activation is wrong for M >= 1024. It models:
+kunlun_ops and xspeedgate_ops are closed; everything here is written from how baidu/vLLM-Kunlun
+declares and calls them, at v0.10.1.1 (ba13599), v0.11.0 (e9f0322) and main (09869ee,
+0.15.1.dev0):
+* the `_C` schemas: vllm_kunlun/vllm_utils_wrapper.py (v0.10.1.1, v0.11.0) and
+  vllm_kunlun/ops/_custom_ops.py (main): moe_softmax_topk(x, normed_score, topk_index,
+  block_statistic, axis=-1, turn=True) (no `stable`), moe_softmax_topk_norm(..., stable=True),
+  moe_sigmoid_group_topk_norm (bias a plain Tensor), gen_block_statistic, moe_pre_sorted,
+  moe_fc (topk_ids Optional, default None), moe_post, and from v0.11.0 matmul and quant2d;
+* the call sites (vllm_kunlun/ops/_kunlun_ops.py on main: fused_moe :395-640 casts router logits
+  to float32 and passes block_statistic=None to moe_softmax_topk_norm, fused_moe_ep :640-680
+  passes torch.empty(0, int32) to moe_softmax_topk with scores in the logits' dtype; moe_fc's
+  y is [M, topk, N] in sorted order, act="SWISH_GLU" writes the gated result into the first
+  half of N (`y = y[..., : y.shape[-1] // 2]`, :577-606); the [12, E] block_statistic
+  (`num_blocks = 12`); KunlunOps.rms_norm passes a float32 weight (:162));
+* W8A8 (v0.11.0+): quant2d's scale "represents max" (ops/_custom_ops.py:1651), weight scales
+  are multiplied by 127 (quantization/compressed_tensors/compressed_tensors_moe.py:117), and
+  `_C.matmul(x_pc_max=, w_pc_max=)` replaces cutlass_scaled_mm(scale_a=x_s/127, scale_b=w_s/127)
+  (quantization/kernels/scale_mm.py:83-100);
+* the paged cache layout [blocks, heads, block_size, dim] of reshape_and_cache (vLLM's;
+  kunlun_ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) at
+  ops/_kunlun_ops.py:244 @09869ee), kunlun_ops.silu_and_mul(x, axis=-1, turn=True, out=)
+  (ops/_kunlun_ops.py:137);
+* xspeedgate_ops.hadamard_transform as baidu-baige/sglang-kunlun calls it
+  (sglang_kunlun/kernels/kernel_ops.py @cc7183ac).
 
-* keyword signatures and out-parameters (the kernels write into preallocated tensors),
-* the documented limits: above 512 experts moe_sigmoid_group_topk_norm returns without
-  writing its outputs (the vendor wrapper ignores the error code) and moe_pre_sorted fails;
-  the softmax kernels accept 512 experts, 480 with a histogram buffer,
-* a stale block_statistic (not the histogram of the ids given) is rejected,
-* the SWISH_GLU defect: for M >= 1024 the fused activation returns a wrong result,
-* the device surface for a configurable chip and torch version.
-
-Violations raise `XpuOpError` (what a failing kernel's wrapper raises). It never calls
-`glm5_hal.reference`; numerics are float32 like the kernels' accumulators. Features the
-adapters do not use (int8 paths, quantised caches, negative-index preprocessing) raise
-`NotEmulatedError`.
+Where the public calls stop, the emulator stops too: other argument combinations, undefined
+block_statistic tensors, expert counts above the 256 of the models vLLM-Kunlun's tutorials
+serve, int8 paths before v0.11.0 raise `NotEmulatedError`. Violations of what the sources do
+state raise `XpuOpError`. It never calls `glm5_hal.reference`; numerics are float32 like the
+kernels' accumulators.
 """
 from __future__ import annotations
 
@@ -32,13 +43,19 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from glm5_hal.vendor_backend import leading_numbers
+
 _F32, _F16, _BF16, _I8, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int32
 FLOATS = (_F32, _F16, _BF16)
-MOE_MAX_EXPERTS = 512
-SOFTMAX_MAX_EXPERTS_WITH_STATISTIC = 480
+HALVES = (_F16, _BF16)
+#: The most experts any public vLLM-Kunlun use runs the MoE kernels with (the 256 routed
+#: experts of GLM-5 / DeepSeek-V3.2 in its tutorials); beyond it nothing is documented.
+EMULATED_MAX_EXPERTS = 256
 BLOCK_STATISTIC_ROWS = 12
-SWISH_GLU_BROKEN_FROM_ROWS = 1024
 HADAMARD_MAX_DIM = 32768
+#: The vLLM-Kunlun versions emulated, and when `_C.matmul` / the W8A8 conventions appeared.
+VLLM_KUNLUN_VERSIONS = ("0.10.1.1", "0.11.0", "0.15.1.dev0")
+_W8A8_SINCE = (0, 11, 0)
 
 #: chip key -> torch.cuda.get_device_name under xpytorch (the P800 name string is
 #: unconfirmed; vLLM-Kunlun's platform reports "kunlun"). "R200" is a Kunlun2 and "A100" a
@@ -51,6 +68,12 @@ CHIPS = {
 }
 TORCH_VERSION = "2.5.1+xpytorch"
 TORCH_XMLIR_VERSION = "2.5.1.7"
+
+
+def _experts_documented(op: str, experts: int) -> None:
+    if experts > EMULATED_MAX_EXPERTS:
+        raise NotEmulatedError(f"{op}: {experts} experts; no public source documents the kernels above "
+                               f"{EMULATED_MAX_EXPERTS}")
 
 
 class XpuOpError(RuntimeError):
@@ -110,9 +133,12 @@ class KunlunOps(_Counted):
     """kunlun_ops (formerly xtorch_ops): the functions the adapters call."""
 
     def rmsnorm(self, x, weight, eps, out=None):
+        """The keyword form KunlunOps.rms_norm uses: kunlun_ops.rmsnorm(x, weight.to(torch.float32),
+        epsilon, out=out) (ops/_kunlun_ops.py:160 @ba13599/@e9f0322, :162 @09869ee). (The `_C.rmsnorm`
+        wrapper passes (x, weight, output, eps) positionally with the model-dtype weight; that
+        form is not emulated.)"""
         op = "kunlun_ops.rmsnorm"
         _tensor(op, "x", x, FLOATS)
-        # vLLM-Kunlun always hands the weight over as float32 ("weight.to(torch.float32)").
         _tensor(op, "weight", weight, (_F32,), ndim=1, shape=(x.shape[-1],))
         xf = x.float()
         y = (xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + float(eps)) * weight).to(x.dtype)
@@ -168,55 +194,79 @@ class KunlunOps(_Counted):
 
 
 class OpsC(_Counted):
-    """torch.ops._C: the vLLM-Kunlun MoE kernels (keyword arguments, preallocated outputs).
-    `fc_acts` records the act argument of every moe_fc call."""
+    """torch.ops._C as one vLLM-Kunlun version registers it (keyword arguments, preallocated
+    outputs). `fc_acts` records the act argument of every moe_fc call."""
 
-    def __init__(self, calls: collections.Counter, prefix: str) -> None:
+    def __init__(self, calls: collections.Counter, prefix: str, version: str) -> None:
         super().__init__(calls, prefix)
         self.fc_acts: list = []
+        self._w8a8 = leading_numbers(version)[:3] >= _W8A8_SINCE
+        if self._w8a8:   # registered from v0.11.0 (vllm_utils_wrapper.py:2016 there)
+            self.matmul = self._matmul
 
     def _route_outputs(self, op, x, first, second):
         _tensor(op, "x", x, FLOATS, ndim=2)
         _require(x.is_contiguous(), op, "x must be contiguous")
         tokens = x.shape[0]
-        _tensor(op, "scores", first, (_F32,), ndim=2)
+        _tensor(op, "scores", first, FLOATS, ndim=2)
         _tensor(op, "topk_index", second, (_I32,), ndim=2, shape=first.shape)
         _require(first.shape[0] == tokens, op, "outputs need one row per token")
+        _experts_documented(op, x.shape[1])
         return first.shape[1]
 
-    def moe_softmax_topk_norm(self, x, normed_score, topk_index, block_statistic=None, stable=True):
-        self._softmax_topk("moe_softmax_topk_norm", x, normed_score, topk_index, block_statistic, True)
+    def moe_softmax_topk_norm(self, x, normed_score, topk_index, block_statistic, stable=True):
+        """As fused_moe calls it: float32 logits and scores, block_statistic=None."""
+        op = "moe_softmax_topk_norm"
+        if block_statistic is not None:
+            raise NotEmulatedError(f"{op}: a block_statistic buffer (vLLM-Kunlun passes None here)")
+        if x.dtype != _F32 or normed_score.dtype != _F32:
+            raise NotEmulatedError(f"{op}: {x.dtype} logits / {normed_score.dtype} scores (vLLM-Kunlun casts the "
+                                   "router logits to float32 first)")
+        self._softmax_topk(op, x, normed_score, topk_index, True)
 
-    def moe_softmax_topk(self, x, normed_score, topk_index, block_statistic=None, stable=True):
-        self._softmax_topk("moe_softmax_topk", x, normed_score, topk_index, block_statistic, False)
+    def moe_softmax_topk(self, x, normed_score, topk_index, block_statistic, axis=-1, turn=True):
+        """As fused_moe_ep calls it: scores in the logits' dtype, block_statistic an empty
+        int32 tensor (the wrapper forwards (x, normed_score, topk_index, block_statistic) to
+        kunlun_ops and drops axis / turn)."""
+        op = "moe_softmax_topk"
+        if block_statistic is None:
+            raise NotEmulatedError(f"{op}: an undefined block_statistic (its schema type is a plain Tensor; "
+                                   "vLLM-Kunlun passes torch.empty(0, dtype=torch.int32))")
+        _tensor(op, "block_statistic", block_statistic, (_I32,))
+        if block_statistic.numel():
+            raise NotEmulatedError(f"{op}: a non-empty block_statistic (no public call passes one)")
+        if normed_score.dtype != x.dtype:
+            raise NotEmulatedError(f"{op}: {x.dtype} logits with {normed_score.dtype} scores (every public call "
+                                   "passes the scores in the logits' dtype)")
+        self._softmax_topk(op, x, normed_score, topk_index, False)
 
-    def _softmax_topk(self, op, x, normed_score, topk_index, block_statistic, renormalise):
+    def _softmax_topk(self, op, x, normed_score, topk_index, renormalise):
         topk = self._route_outputs(op, x, normed_score, topk_index)
-        experts = x.shape[1]
-        limit = SOFTMAX_MAX_EXPERTS_WITH_STATISTIC if block_statistic is not None else MOE_MAX_EXPERTS
-        _require(experts <= limit, op, f"optimized_ops::{op}_fusion failed ({experts} experts > {limit})")
         probs = torch.softmax(x.float(), dim=-1)
         values, ids = torch.topk(probs, topk, dim=-1)
         if renormalise:
             values = values / values.sum(dim=-1, keepdim=True)
         normed_score.copy_(values)
         topk_index.copy_(ids.to(_I32))
-        if block_statistic is not None:
-            block_statistic.copy_(_histogram(ids.reshape(-1), experts))
 
     def moe_sigmoid_group_topk_norm(self, x, topk_index, norm_score, block_static, bias, scale, n_group,
                                     topk_group):
+        """As fused_moe calls it: float32 logits and scores, the [12, E] block_static, the
+        e_score_correction_bias (selection only: the weights are the unbiased sigmoid scores,
+        renormalised, times scale)."""
         op = "moe_sigmoid_group_topk_norm"
+        if x.dtype != _F32 or norm_score.dtype != _F32:
+            raise NotEmulatedError(f"{op}: {x.dtype} logits / {norm_score.dtype} scores (vLLM-Kunlun casts the "
+                                   "router logits to float32 first)")
+        if bias is None:
+            raise NotEmulatedError(f"{op}: an undefined bias (its schema type is a plain Tensor; vLLM-Kunlun always "
+                                   "passes e_score_correction_bias)")
         topk = self._route_outputs(op, x, norm_score, topk_index)
         experts = x.shape[1]
         _tensor(op, "block_static", block_static, (_I32,), shape=(BLOCK_STATISTIC_ROWS, experts))
-        if experts > MOE_MAX_EXPERTS:
-            return 1   # ret=1; the outputs are left as they were (vllm_kunlun/ops/_kunlun_ops.py)
+        _tensor(op, "bias", bias, FLOATS, shape=(experts,))
         scores = torch.sigmoid(x.float())
-        routing = scores
-        if bias is not None:
-            _tensor(op, "bias", bias, FLOATS, shape=(experts,))
-            routing = scores + bias.float().view(1, -1)
+        routing = scores + bias.float().view(1, -1)
         if n_group is not None and n_group > 1:
             _require(experts % n_group == 0 and 1 <= topk_group <= n_group, op, "bad n_group / topk_group")
             grouped = routing.view(x.shape[0], n_group, experts // n_group)
@@ -230,13 +280,13 @@ class OpsC(_Counted):
         topk_index.copy_(ids.to(_I32))
         norm_score.copy_(weights)
         block_static.copy_(_histogram(ids.reshape(-1), experts))
-        return 0
 
     def gen_block_statistic(self, topk_ids, block_statistic):
         op = "gen_block_statistic"
         _tensor(op, "topk_ids", topk_ids, (_I32,), ndim=2)
         _tensor(op, "block_statistic", block_statistic, (_I32,), ndim=2)
         experts = block_statistic.shape[1]
+        _experts_documented(op, experts)
         _require(block_statistic.shape[0] == BLOCK_STATISTIC_ROWS, op, f"block_statistic needs {BLOCK_STATISTIC_ROWS} rows")
         flat = topk_ids.reshape(-1)
         _require(flat.numel() == 0 or bool(((flat >= 0) & (flat < experts)).all()), op,
@@ -253,7 +303,7 @@ class OpsC(_Counted):
         tokens, topk = topk_index.shape
         _require(x.shape[0] == tokens, op, "x needs one row per token")
         experts = expert_m.numel()
-        _require(experts <= MOE_MAX_EXPERTS, op, f"failed with ret=2 ({experts} experts > {MOE_MAX_EXPERTS})")
+        _experts_documented(op, experts)
         flat = topk_index.reshape(-1).long()
         _require(bool(((flat >= 0) & (flat < experts)).all()), op, f"topk ids must lie in [0, {experts})")
         _tensor(op, "block_statistic", block_statistic, (_I32,), shape=(BLOCK_STATISTIC_ROWS, experts))
@@ -262,7 +312,7 @@ class OpsC(_Counted):
         _tensor(op, "moe_expand", moe_expand, (x.dtype,), shape=(tokens * topk, x.shape[1]))
         _tensor(op, "moe_index", moe_index, (_I32,), shape=(tokens * topk,))
         _tensor(op, "sorted_tokens_num_lod", sorted_tokens_num_lod, (_I32,), shape=(experts + 1,))
-        # vLLM-Kunlun's torch equivalent: a stable sort of the slots by expert.
+        # the slots grouped by expert; the order inside an expert is not documented: stable here
         order = torch.argsort(flat, stable=True)
         slot_token = torch.arange(tokens).repeat_interleave(topk)
         moe_expand.copy_(x[slot_token[order]])
@@ -272,49 +322,84 @@ class OpsC(_Counted):
         sorted_tokens_num_lod[0] = 0
         sorted_tokens_num_lod[1:].copy_(counts.cumsum(0).to(_I32))
 
-    def moe_fc(self, x, weight, sorted_tokens_num_lod, sorted_tokens_idx, moe_topk, y, topk_ids, act=None,
-               x_perchannel_max=None, w_perchannel_max=None):
+    def moe_fc(self, x, weight, sorted_tokens_num_lod, sorted_tokens_idx, moe_topk, y, act=None,
+               x_perchannel_max=None, w_perchannel_max=None, topk_ids=None, topk_w=None, bias=None, tgemm_type=None,
+               tweight_type=None, scale_n=0, scale_k=0, use_pack_int4=False, sort_mode=True):
+        """Rows of x sorted by expert (lod: the prefix sum of rows per expert) times their
+        expert's weight^T into y [tokens, moe_topk, N] (the same sorted order, viewed as vLLM-Kunlun
+        allocates it). act="SWISH_GLU" writes silu(first half) * second half into the first
+        N/2 columns (what is left in the rest is not documented: NaN here). With int8 x and
+        weight (v0.11.0+), x_perchannel_max [rows, 1] and w_perchannel_max [E, N, 1] are
+        per-row / per-channel maxima: the product is scaled by both / 127^2."""
         op = "moe_fc"
         self.fc_acts.append(act)
-        if x_perchannel_max is not None or w_perchannel_max is not None:
-            raise NotEmulatedError(f"{op}: int8 weights and activations")
-        _tensor(op, "x", x, FLOATS, ndim=2)
+        if (topk_w is not None or bias is not None or tgemm_type is not None or tweight_type is not None
+                or scale_n or scale_k or use_pack_int4 or not sort_mode):
+            raise NotEmulatedError(f"{op}: topk_w / bias / tgemm_type / tweight_type / int4 / sort_mode=False")
+        quantised = x_perchannel_max is not None or w_perchannel_max is not None
+        _tensor(op, "x", x, (_I8,) if quantised else FLOATS, ndim=2)
         _tensor(op, "weight", weight, (x.dtype,), ndim=3)
         experts, n, k = weight.shape
-        _require(experts <= MOE_MAX_EXPERTS, op, f"{experts} experts > {MOE_MAX_EXPERTS}")
+        _experts_documented(op, experts)
         rows = x.shape[0]
         _require(x.shape[1] == k, op, f"x is [rows, {x.shape[1]}], weight is [experts, n, {k}]")
+        _require(moe_topk >= 1 and rows % moe_topk == 0, op, f"rows {rows} are not tokens x moe_topk {moe_topk}")
+        _tensor(op, "y", y, HALVES if quantised else (x.dtype,), shape=(rows // moe_topk, moe_topk, n))
         _tensor(op, "sorted_tokens_num_lod", sorted_tokens_num_lod, (_I32,), shape=(experts + 1,))
         lod = [int(v) for v in sorted_tokens_num_lod.tolist()]
         _require(lod[0] == 0 and all(b >= a for a, b in zip(lod, lod[1:])) and lod[-1] <= rows, op,
                  f"sorted_tokens_num_lod must be a prefix sum from 0 to at most {rows}, got {lod}")
-        _tensor(op, "topk_ids", topk_ids, (_I32,), ndim=2)
-        _require(topk_ids.shape[1] == moe_topk and topk_ids.numel() == rows, op,
-                 f"topk_ids must be [rows / moe_topk, moe_topk] = [{rows // max(moe_topk, 1)}, {moe_topk}]")
         _tensor(op, "sorted_tokens_idx", sorted_tokens_idx, (_I32,), shape=(rows,))
-        # The routing metadata must describe the same grouping as the lod (the kernel reads
-        # the rows through it); a mismatch is a caller bug, rejected here.
-        row_expert = torch.repeat_interleave(torch.arange(experts), torch.tensor(lod).diff(), output_size=lod[-1])
-        slot_rows = sorted_tokens_idx.long()
-        _require(bool(((slot_rows >= 0) & (slot_rows < rows)).all()), op, "sorted_tokens_idx must index the rows")
-        routed = slot_rows < lod[-1]
-        _require(torch.equal(topk_ids.reshape(-1).long()[routed], row_expert[slot_rows[routed]]), op,
-                 "topk_ids and sorted_tokens_idx disagree with sorted_tokens_num_lod")
-        out = torch.zeros(rows, n)
+        _require(bool(((sorted_tokens_idx >= 0) & (sorted_tokens_idx < rows)).all()), op,
+                 "sorted_tokens_idx must index the rows")
+        if quantised:
+            if not self._w8a8:
+                raise NotEmulatedError(f"{op}: the int8 path before vLLM-Kunlun 0.11.0 (no public W8A8 use)")
+            if topk_ids is None:
+                raise NotEmulatedError(f"{op}: the int8 path without topk_ids (vLLM-Kunlun always passes them)")
+            _tensor(op, "topk_ids", topk_ids, (_I32,), shape=(rows // moe_topk, moe_topk))
+            _tensor(op, "x_perchannel_max", x_perchannel_max, (_F32,), shape=(rows, 1))
+            _tensor(op, "w_perchannel_max", w_perchannel_max, (_F32,), shape=(experts, n, 1))
+            w = weight.double() * (w_perchannel_max.double() / 127.0)
+            xs = x.double() * (x_perchannel_max.double() / 127.0)
+        else:
+            if topk_ids is not None:
+                raise NotEmulatedError(f"{op}: topk_ids with unquantised weights (no public call passes them)")
+            w, xs = weight.float(), x.float()
+        out = torch.zeros(rows, n, dtype=w.dtype)
         for e in range(experts):
-            out[lod[e]:lod[e + 1]] = x[lod[e]:lod[e + 1]].float() @ weight[e].float().T
+            out[lod[e]:lod[e + 1]] = xs[lod[e]:lod[e + 1]] @ w[e].T
+        out = out.float().view(rows // moe_topk, moe_topk, n)
         if act is None:
-            _tensor(op, "y", y, (x.dtype,), shape=(rows, n))
-            y.copy_(out.to(x.dtype))
-        elif act == "SWISH_GLU":
+            y.copy_(out.to(y.dtype))
+        elif act == "SWISH_GLU" and isinstance(act, str):
             half = n // 2
-            gate, up = out[:, :half], out[:, half:]
-            if rows >= SWISH_GLU_BROKEN_FROM_ROWS:
-                gate, up = up, gate   # the reported defect; any wrong answer would do
-            _tensor(op, "y", y, (x.dtype,), shape=(rows, half))
-            y.copy_((gate * torch.sigmoid(gate) * up).to(x.dtype))
+            gate, up = out[..., :half], out[..., half:]
+            y[..., :half] = (gate * torch.sigmoid(gate) * up).to(y.dtype)
+            y[..., half:] = float("nan")
         else:
             raise XpuOpError(f"{op}: unknown act {act!r}")
+
+    def _matmul(self, x, w, out_dtype, x_trans=False, w_trans=True, alpha=1.0, beta=0.0, bias=None, x_max=None,
+                w_max=None, x_pc_max=None, w_pc_max=None):
+        """_C.matmul as vLLM-Kunlun's W8A8 linear calls it (scale_mm.py:83-91): int8 x [M, K],
+        w [N, K], per-token x_pc_max [M, 1] and per-channel w_pc_max [N, 1] maxima, an optional
+        float32 bias [N]; out = (x @ w^T) * x_pc_max / 127 * w_pc_max^T / 127 + bias."""
+        op = "matmul"
+        if x_trans or not w_trans or alpha != 1.0 or beta != 0.0 or x_max is not None or w_max is not None:
+            raise NotEmulatedError(f"{op}: transposes / alpha / beta / per-tensor maxima (not in the W8A8 call)")
+        _tensor(op, "x", x, (_I8,), ndim=2)
+        _tensor(op, "w", w, (_I8,), ndim=2)
+        _require(x.shape[1] == w.shape[1], op, f"x [M, {x.shape[1]}] and w [N, {w.shape[1]}] disagree")
+        if out_dtype not in HALVES:
+            raise NotEmulatedError(f"{op}: out_dtype {out_dtype} (vLLM-Kunlun passes the activations' bf16/fp16)")
+        _tensor(op, "x_pc_max", x_pc_max, (_F32,), shape=(x.shape[0], 1))
+        _tensor(op, "w_pc_max", w_pc_max, (_F32,), shape=(w.shape[0], 1))
+        out = (x.double() @ w.double().T) * (x_pc_max.double() / 127.0) * (w_pc_max.double().T / 127.0)
+        if bias is not None:
+            _tensor(op, "bias", bias, (_F32,), shape=(w.shape[0],))
+            out = out + bias.double()
+        return out.float().to(out_dtype)
 
     def moe_post(self, x, moe_index, normed_scale, dequant_scale, y):
         op = "moe_post"
@@ -332,7 +417,10 @@ class OpsC(_Counted):
 
 
 class SpeedgateOps(_Counted):
-    """torch.ops.xspeedgate_ops."""
+    """torch.ops.xspeedgate_ops: hadamard_transform(x[, scale]) as baidu-baige/sglang-kunlun calls it
+    in place of sglang's JIT Hadamard (sglang_kunlun/kernels/kernel_ops.py @cc7183ac), i.e.
+    fast-hadamard-transform's Sylvester-order transform times scale. The power-of-two D and its
+    32768 ceiling are that API's, UNVERIFIED for the Kunlun build."""
 
     def hadamard_transform(self, x, scale=1.0):
         op = "xspeedgate_ops.hadamard_transform"
@@ -378,7 +466,8 @@ class XpuEmulator:
     EMULATOR = True
 
     def __init__(self, chip: str = "P800", *, devices: int = 8, torch_version: str = TORCH_VERSION,
-                 version: str = TORCH_XMLIR_VERSION, speedgate: bool = True) -> None:
+                 version: str = TORCH_XMLIR_VERSION, speedgate: bool = True,
+                 vllm_kunlun: str | None = VLLM_KUNLUN_VERSIONS[-1]) -> None:
         self.device_name = CHIPS[chip]
         self.__version__ = version
         self.calls: collections.Counter = collections.Counter()
@@ -386,12 +475,16 @@ class XpuEmulator:
         self.torch = types.SimpleNamespace(__version__=torch_version,
                                            version=types.SimpleNamespace(cuda="11.8", hip=None), cuda=self.cuda)
         self.kunlun_ops = KunlunOps(self.calls, "kunlun_ops")
-        self.C = OpsC(self.calls, "_C")
+        self.C = OpsC(self.calls, "_C", vllm_kunlun or "0")
+        self._packages = {"vllm-kunlun": vllm_kunlun} if vllm_kunlun else {}
         self.xspeedgate = SpeedgateOps(self.calls, "xspeedgate_ops") if speedgate else None
         self.xspeedgate_missing = "" if speedgate else "xspeedgate_ops not installed (emulated)"
 
     def current_stream(self, device: torch.device) -> int:
         return int(self.cuda.current_stream(device).cuda_stream)
+
+    def package_version(self, name: str) -> str | None:
+        return self._packages.get(name)
 
 
 class KvGatherKernelStandIn:

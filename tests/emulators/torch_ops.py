@@ -1,13 +1,14 @@
-"""Emulation of upstream PyTorch's torch._grouped_mm argument checks and result, which both
-the MUSA build (torch_musa) and Hygon's ROCm/DTK build of torch expose; each vendor emulator
-adds its own device rules around it.
+"""Emulation of upstream PyTorch's torch._grouped_mm argument checks and result, which Hygon's
+ROCm/DTK build of torch exposes (the dcu adapters call it; the dcu emulator adds its device
+rules around it).
 
-From upstream PyTorch (aten/src/ATen/native/GroupedMMUtils.h, Blas.cpp): both operands of
-one dtype, 2-D or 3-D; data 16-byte aligned; one of the last two strides 1 and the other a
-multiple of 16 bytes (check_valid_strides_and_return_transposed); bias not supported; the
-2-D x 3-D form takes int32 end offsets, one per group of b. From torch_musa's
-test_grouped_mm.py: the per-group product a[offs[g-1]:offs[g]] @ b[g], float32 accumulation,
-the output in the input dtype. It never calls glm5_hal.reference.
+From pytorch/pytorch aten/src/ATen/native/GroupedMMUtils.h @2295ac79:
+check_valid_strides_and_return_transposed (data 16-byte aligned off the CPU; one of the last two
+strides 1 and the other a multiple of 16 bytes), _grouped_mm_validate_inputs (float32 / bfloat16
+/ float16, 2-D or 3-D, offsets for a 2-D operand, 1-D int32; bias not supported),
+_resolve_grouped_mm_out_dtype (the output dtype is mat_a's) and _grouped_mm_fallback (the
+2-D x 3-D form: rows [offs[g-1], offs[g]) of a times b[g]; it reads offs on the host). It never
+calls glm5_hal.reference.
 """
 from __future__ import annotations
 

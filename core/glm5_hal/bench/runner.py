@@ -2,7 +2,9 @@
 reference, and every available backend's own implementation (plus any baselines a case names,
 e.g. torch's own path for the same result) -- and relates each to the machine's limits and to
 torch's peers measured in the same run (glm5_hal.bench.roofline). Ratios are the result;
-absolute times vary from machine to machine."""
+absolute times vary from machine to machine. Inputs are built on the CPU and moved to the
+device under test (`device`); on an accelerator every timed batch ends with a device
+synchronisation."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +18,7 @@ import torch
 
 import glm5_hal as hal
 
-from .roofline import Roofline
+from .roofline import Roofline, synchronizer
 from .timing import median_time
 
 
@@ -54,11 +56,13 @@ class Timing:
     bound: str = ""                     # "flops" or "bytes"
     torch_pct: float | None = None      # of torch's peer (its GEMM / copy_)
     note: str = ""
+    peak_flops_pct: float | None = None  # % of the datasheet's compute peak (where known)
+    peak_bytes_pct: float | None = None  # % of the datasheet's memory bandwidth (where known)
 
 
-def candidate_backends(only: Iterable[str] | None = None) -> list[str]:
-    """Available non-reference backends whose kernels take CPU tensors (the bench builds its
-    inputs on the CPU), or the `only` ones (an unknown or unavailable name is an error)."""
+def candidate_backends(only: Iterable[str] | None = None, device_type: str = "cpu") -> list[str]:
+    """Available non-reference backends whose kernels take `device_type` tensors, or the
+    `only` ones (an unknown or unavailable name is an error)."""
     if only:
         names = list(only)
         for name in names:
@@ -69,17 +73,29 @@ def candidate_backends(only: Iterable[str] | None = None) -> list[str]:
                 raise BackendUnavailableError(f"bench --backend {name}: not available: {avail.reason}")
         return [n for n in names if n != "reference"]
     return [r.name for r in hal.backends()
-            if r.available and r.name != "reference" and r.device_type in ("cpu", "*")]
+            if r.available and r.name != "reference" and r.device_type in (device_type, "*")]
+
+
+def to_device(a, device: torch.device):
+    if isinstance(a, torch.Tensor):
+        return a.to(device)
+    if isinstance(a, (tuple, list)):
+        return type(a)(to_device(x, device) for x in a)
+    return a
 
 
 def run_case(case: BenchCase, roofline: Roofline, backends: list[str], *,
-             compile_reference: bool = True, repeats: int = 5, min_time: float = 0.2) -> list[Timing]:
-    arg_sets = [case.make() for _ in range(max(1, case.rotate))]
+             compile_reference: bool = True, repeats: int = 5, min_time: float = 0.2,
+             device: str = "cpu") -> list[Timing]:
+    dev = torch.device(device)
+    arg_sets = [to_device(case.make(), dev) for _ in range(max(1, case.rotate))]
     try:
-        return _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_time)
+        return _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_time, synchronizer(dev))
     finally:
         del arg_sets
         gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _cycling(fn: Callable[..., object], arg_sets: list[tuple]) -> Callable[[], object]:
@@ -91,11 +107,11 @@ def _cycling(fn: Callable[..., object], arg_sets: list[tuple]) -> Callable[[], o
     return lambda: fn(*next(it))
 
 
-def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_time) -> list[Timing]:
+def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_time, sync) -> list[Timing]:
     reference = getattr(hal.reference, case.op)
     public = getattr(hal.ops, case.op)
     args = arg_sets[0]
-    rows = [_timed("reference", _cycling(reference, arg_sets), case, roofline, repeats, min_time)]
+    rows = [_timed("reference", _cycling(reference, arg_sets), case, roofline, repeats, min_time, sync)]
     if compile_reference and case.compile_reference:
         torch._dynamo.reset()
         try:
@@ -103,7 +119,7 @@ def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_tim
                 warnings.simplefilter("ignore")
                 compiled = torch.compile(reference, dynamic=False)
                 compiled(*args)
-            rows.append(_timed("compiled", _cycling(compiled, arg_sets), case, roofline, repeats, min_time))
+            rows.append(_timed("compiled", _cycling(compiled, arg_sets), case, roofline, repeats, min_time, sync))
         except Exception as exc:  # a reference torch.compile cannot handle is reported, not fatal
             rows.append(Timing("compiled", None, note=f"torch.compile failed: {type(exc).__name__}"))
         finally:
@@ -116,9 +132,9 @@ def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_tim
             if not chosen or not chosen.startswith(name + "."):
                 rows.append(Timing(name, None, note=f"not implemented here (runs {chosen})"))
                 continue
-            rows.append(_timed(chosen, _cycling(public, arg_sets), case, roofline, repeats, min_time))
+            rows.append(_timed(chosen, _cycling(public, arg_sets), case, roofline, repeats, min_time, sync))
     for label, fn in case.baselines:
-        rows.append(_timed(label, _cycling(fn, arg_sets), case, roofline, repeats, min_time))
+        rows.append(_timed(label, _cycling(fn, arg_sets), case, roofline, repeats, min_time, sync))
     ref_ms = rows[0].ms
     for r in rows:
         if r.ms and ref_ms:
@@ -127,28 +143,30 @@ def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_tim
 
 
 def _timed(who: str, fn: Callable[[], object], case: BenchCase, roofline: Roofline,
-           repeats: int, min_time: float) -> Timing:
+           repeats: int, min_time: float, sync: Callable[[], None] | None = None) -> Timing:
     try:
-        seconds = median_time(fn, repeats=repeats, min_time=min_time)
+        seconds = median_time(fn, repeats=repeats, min_time=min_time, sync=sync)
     except Exception as exc:  # noqa: BLE001  (one failing implementation must not end the run)
         return Timing(who, None, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
     if not (case.flops or case.nbytes):
         return Timing(who, seconds * 1e3)
     pct, bound = roofline.percent(seconds, case.flops, case.nbytes, case.compute)
+    peak_flops, peak_bytes = roofline.peak_percents(seconds, case.flops, case.nbytes)
     return Timing(who, seconds * 1e3, roofline_pct=pct, bound=bound,
-                  torch_pct=roofline.torch_percent(seconds, case.flops, case.nbytes, case.compute))
+                  torch_pct=roofline.torch_percent(seconds, case.flops, case.nbytes, case.compute),
+                  peak_flops_pct=peak_flops, peak_bytes_pct=peak_bytes)
 
 
 def run_cases(cases: list[BenchCase], roofline: Roofline, backends: list[str], *, compile_reference: bool = True,
               repeats: int = 5, min_time: float = 0.2,
-              on_case: Callable[[BenchCase, list[Timing]], None] | None = None
+              on_case: Callable[[BenchCase, list[Timing]], None] | None = None, device: str = "cpu"
               ) -> list[tuple[BenchCase, list[Timing]]]:
     # the references' data-dependent sizes (.tolist(), .item()) make dynamo log graph breaks
     torch._logging.set_logs(dynamo=logging.ERROR)
     results = []
     for case in cases:
         rows = run_case(case, roofline, backends, compile_reference=compile_reference, repeats=repeats,
-                        min_time=min_time)
+                        min_time=min_time, device=device)
         results.append((case, rows))
         if on_case:
             on_case(case, rows)
@@ -161,8 +179,17 @@ def to_json(results: list[tuple[BenchCase, list[Timing]]]) -> list[dict]:
 
 
 def format_header(roofline: Roofline) -> str:
-    return (roofline.describe() + "\n"
-            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>9} {'% torch':>8}")
+    peaks = ""
+    if roofline.peak_gflops or roofline.peak_gbps:
+        peaks = (f"datasheet: bf16 {(roofline.peak_gflops or 0) / 1e3:.1f} TFLOP/s, memory "
+                 f"{(roofline.peak_gbps or 0) / 1e3:.2f} TB/s (% peak: flops/bytes)\n")
+    return (roofline.describe() + "\n" + peaks +
+            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>9} {'% torch':>8}"
+            + (f" {'% peak f/b':>13}" if peaks else ""))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _limit_name(case: BenchCase, roofline: Roofline, bound: str) -> str:
@@ -176,8 +203,10 @@ def format_rows(case: BenchCase, rows: list[Timing], roofline: Roofline | None =
         ratio = f"{r.vs_reference:7.2f}" if r.vs_reference else f"{'-':>7}"
         roof = f"{r.roofline_pct:7.1f}%{r.bound[0]}" if r.roofline_pct is not None else f"{'-':>9}"
         peer = f"{r.torch_pct:7.1f}%" if r.torch_pct is not None else f"{'-':>8}"
+        peak = (f" {_pct(r.peak_flops_pct) + '/' + _pct(r.peak_bytes_pct):>13}"
+                if r.peak_flops_pct is not None or r.peak_bytes_pct is not None else "")
         limit = f"  [{_limit_name(case, roofline, r.bound)}]" if roofline and r.roofline_pct is not None else ""
-        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof} {peer}"
+        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof} {peer}{peak}"
                      + limit + (f"  {r.note}" if r.note else ""))
     return "\n".join(lines)
 

@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--glm5-preset", action="append", default=[], metavar="P", choices=("tiny", "glm5"),
                     help="case preset (repeatable; default: tiny and glm5)")
     group.addoption("--glm5-ref", default="cpu", choices=("cpu", "cuda"),
-                    help="reference: float64 on the CPU (default) or float32 on a CUDA device")
+                    help="reference: float64 on the CPU (default) or float64 on an NVIDIA GPU")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

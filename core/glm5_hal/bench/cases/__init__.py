@@ -117,14 +117,15 @@ def bench_case(op: str) -> Callable:
     return register
 
 
-def cases(preset: str = "glm5") -> list[BenchCase]:
-    """The cases of every op for `preset`, family by family."""
+def cases(preset: str = "glm5", batch: int | None = None) -> list[BenchCase]:
+    """The cases of every op for `preset`, family by family; `batch` overrides the decode batch
+    (e.g. 64 sequences, the issue-14 sparse decode target)."""
     global _loaded
     if not _loaded:
         _loaded = True
         for module in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{module.name}")
-    s = shapes(preset)
+    s = shapes(preset) if batch is None else dataclasses.replace(shapes(preset), batch=batch)
     out = []
     for op, make in _CASES.items():
         made = make(s)
