@@ -382,9 +382,10 @@ def test_bfloat16_model_tracks_float32():
     full = model_for(TINY, seed=36)
     half = GLM5ForCausalLM(TINY, seed=36, dtype=torch.bfloat16)
     assert half.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.bfloat16
-    bias = half.model.layers[1].mlp.gate.e_score_correction_bias
-    assert bias.dtype == torch.float32            # kept exact, as HF keeps it
-    assert torch.equal(bias, full.model.layers[1].mlp.gate.e_score_correction_bias)
+    gate = half.model.layers[1].mlp.gate
+    assert gate.e_score_correction_bias.dtype == gate.weight.dtype == torch.float32    # kept exact, as HF keeps them
+    assert torch.equal(gate.e_score_correction_bias, full.model.layers[1].mlp.gate.e_score_correction_bias)
+    assert torch.equal(gate.weight, full.model.layers[1].mlp.gate.weight)
     a = full.prefill(full.new_cache(4), ["s"], [ids])
     b = half.prefill(half.new_cache(4), ["s"], [ids])
     assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.95

@@ -66,3 +66,18 @@ def test_defaults_and_derivations_match_transformers():
                   {"index_topk_freq": 2}):
         hf = transformers.GlmMoeDsaConfig(num_hidden_layers=4, **extra)
         assert GLM5Config.from_hf_config(hf.to_dict()).indexer_types == tuple(hf.indexer_types), extra
+
+
+def test_to_hf_config_reads_back_and_transformers_takes_it():
+    config = GLM5Config.from_hf_config(TINY_HF)
+    written = config.to_hf_config()
+    assert written["model_type"] == "glm_moe_dsa" and written["num_hidden_layers"] == 4
+    assert written["mlp_layer_types"] == ["dense", "sparse", "sparse", "sparse"]
+    assert GLM5Config.from_hf_config(json.loads(json.dumps(written))) == config
+    for field, value in {"rope_interleaved": False, "indexer_rope_interleaved": False, "lora_norm_eps": 1e-5,
+                         "indexer_norm_eps": 1e-5}.items():
+        with pytest.raises(hal.InvalidInputError, match=field):
+            config.replace(**{field: value}).to_hf_config()
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GlmMoeDsaConfig(**{k: v for k, v in written.items() if k not in ("architectures", "model_type")})
+    assert GLM5Config.from_hf_config(hf.to_dict()) == config

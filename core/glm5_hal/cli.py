@@ -290,8 +290,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     demo.run(tokens=args.tokens, backend=args.backend, seed=args.seed, prompt_len=args.prompt_len,
-             dtype=args.dtype, fp8_indexer=args.fp8_indexer, device=args.device)
+             dtype=args.dtype, fp8_indexer=args.fp8_indexer, device=args.device, checkpoint=args.checkpoint,
+             quantize=args.quantize, prompt_ids=args.prompt_ids, prompt=args.prompt)
     return 0
+
+
+def _token_ids(text: str) -> list[int]:
+    parts = [p for p in text.replace(",", " ").split()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected token ids such as '1,2,3', got {text!r}")
+    return [int(p) for p in parts]
 
 
 def _positive_int(text: str) -> int:
@@ -396,15 +404,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="findings that make the exit status 1 (repeatable; default: regression)")
     d.set_defaults(func=_cmd_conformance_diff)
 
-    p = sub.add_parser("demo", help="generate with a tiny GLM-5-architecture model through the HAL "
-                                    "(docs/models.md)")
+    p = sub.add_parser("demo", help="generate with a GLM-5-architecture model through the HAL: the tiny one, "
+                                    "or a checkpoint's (docs/models.md)")
+    p.add_argument("--checkpoint", metavar="DIR", help="an HF-layout checkpoint directory (BF16 or FP8; "
+                   "GLM5ForCausalLM.from_pretrained) instead of the tiny model with random weights")
+    p.add_argument("--quantize", choices=("int8",), help="with --checkpoint: convert the weights to INT8 W8A8 at load")
     p.add_argument("--tokens", type=_positive_int, default=32, metavar="N", help="tokens to generate (default 32)")
     p.add_argument("--backend", metavar="B", help="pin dispatch to backend B (default: best available per op)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the weights and the prompt (default 0)")
     p.add_argument("--prompt-len", type=_positive_int, default=16, metavar="P",
                    help="random prompt length (default 16)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                   help="model dtype (default float32)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt-ids", type=_token_ids, metavar="IDS", help="the prompt as token ids, e.g. 1,2,3")
+    prompt.add_argument("--prompt", metavar="TEXT", help="with --checkpoint: the prompt as text, encoded by the "
+                        "checkpoint's tokenizer.json (needs the `tokenizers` package)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="model dtype (default: float32 for the tiny model, the checkpoint's with --checkpoint)")
     p.add_argument("--fp8-indexer", action="store_true", help="FP8 indexer keys and queries")
     p.add_argument("--device", default="cpu", help="torch device of the model and its cache (default cpu)")
     p.add_argument("--threads", type=_positive_int, metavar="T",

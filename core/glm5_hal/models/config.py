@@ -7,7 +7,7 @@ import math
 
 from .. import presets
 from ..errors import InvalidInputError
-from .hf_config import glm5_config_from_hf
+from .hf_config import glm5_config_from_hf, glm5_config_to_hf
 
 ATTENTION_MODES = ("sparse", "dense")
 INDEXER_TYPES = ("full", "shared")
@@ -109,6 +109,11 @@ class GLM5Config(presets.ModelDims):
         its parsed dict) or a transformers config object, read without transformers
         (`glm5_hal.models.hf_config`: HF's defaults, `indexer_types`, what is rejected)."""
         return glm5_config_from_hf(cls, source, **overrides)
+
+    def to_hf_config(self) -> dict:
+        """The HF `glm_moe_dsa` config.json fields of this config (`from_hf_config` reads them
+        back); InvalidInputError for what HF's config cannot say (`hf_config.glm5_config_to_hf`)."""
+        return glm5_config_to_hf(self)
 
     @classmethod
     def glm5(cls, **overrides) -> "GLM5Config":

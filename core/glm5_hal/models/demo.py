@@ -1,16 +1,20 @@
-"""`glm5-hal demo`: the tiny GLM-5-architecture model generating through the HAL, with the
-implementation dispatch chose for every op it calls and any fallbacks to the reference."""
+"""`glm5-hal demo`: a GLM-5-architecture model generating through the HAL -- the tiny one with
+seeded weights, or a checkpoint directory's (`--checkpoint`) -- with the implementation
+dispatch chose for every op it calls and any fallbacks to the reference."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import warnings
-from typing import TextIO
+from typing import Any, Sequence, TextIO
 
 import torch
 
 from .. import registry
+from ..errors import InvalidInputError
+from .checkpoint import SkippedTensorsWarning
 from .config import GLM5Config
 from .model import GLM5ForCausalLM
 from .trace import OpCalls, record_ops
@@ -31,17 +35,45 @@ def describe(config: GLM5Config) -> str:
 
 
 def run(tokens: int = 32, backend: str | None = None, seed: int = 0, prompt_len: int = 16,
-        dtype: str = "float32", fp8_indexer: bool = False, device: str = "cpu",
-        out: TextIO | None = None) -> dict:
-    """Builds the tiny model (weights from `seed`), generates `tokens` tokens greedily after
-    a random prompt of `prompt_len` tokens, and reports speed, the implementation serving
-    each op (hal.explain of the op's first call in a prefill and in a decode step) and the
-    fallbacks counted while the demo ran. Returns the same facts as a dict."""
+        dtype: str | None = None, fp8_indexer: bool = False, device: str = "cpu",
+        out: TextIO | None = None, checkpoint: str | os.PathLike | None = None, quantize: str | None = None,
+        prompt_ids: Sequence[int] | None = None, prompt: str | None = None) -> dict:
+    """Builds the model -- the tiny one with weights from `seed`, or the checkpoint directory's
+    (`GLM5ForCausalLM.from_pretrained(checkpoint, dtype, quantize)`) -- generates `tokens`
+    tokens greedily after the prompt (`prompt_ids`; `prompt` text, encoded by the checkpoint's
+    tokenizer.json; else `prompt_len` random token ids from `seed`), and reports speed, the
+    implementation serving each op (hal.explain of the op's first call in a prefill and in a
+    decode step) and the fallbacks counted while the demo ran. `dtype`: float32 for the tiny
+    model, the checkpoint's by default. Returns the same facts as a dict."""
     out = out or sys.stdout
-    config = GLM5Config.tiny(indexer_fp8=fp8_indexer)
-    model = GLM5ForCausalLM(config, seed=seed, dtype=DTYPES[dtype], device=device)
-    prompt = torch.randint(0, config.vocab_size, (prompt_len,),
-                           generator=torch.Generator().manual_seed(seed)).tolist()
+    if checkpoint is None:
+        if quantize is not None or prompt is not None:
+            raise InvalidInputError("glm5-hal demo", "--quantize" if quantize is not None else "--prompt",
+                                    "--checkpoint (it applies to a checkpoint's weights or tokenizer)", "no checkpoint")
+        config = GLM5Config.tiny(indexer_fp8=fp8_indexer)
+        model = GLM5ForCausalLM(config, seed=seed, dtype=DTYPES[dtype or "float32"], device=device)
+        source = f"random, seed {seed}"
+    else:
+        overrides = {"indexer_fp8": True} if fp8_indexer else {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SkippedTensorsWarning)
+            model = GLM5ForCausalLM.from_pretrained(checkpoint, DTYPES[dtype] if dtype else None, quantize,
+                                                    device=device, **overrides)
+        for w in caught:
+            if not issubclass(w.category, SkippedTensorsWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        config = model.config
+        source = _describe_checkpoint(model.checkpoint_info)
+    tokenizer = _tokenizer(checkpoint) if checkpoint is not None else None
+    if prompt is not None:
+        if tokenizer is None:
+            raise InvalidInputError("glm5-hal demo", "--prompt", f"a tokenizer.json in {checkpoint} and the "
+                                    "`tokenizers` package (or pass --prompt-ids)", "no tokenizer")
+        prompt_ids = tokenizer.encode(prompt).ids
+    if prompt_ids is None:
+        prompt_ids = torch.randint(0, config.vocab_size, (prompt_len,),
+                                   generator=torch.Generator().manual_seed(seed)).tolist()
+    prompt = list(prompt_ids)
     pin = registry.use(backend) if backend else contextlib.nullcontext()
     fallbacks_before = registry.fallback_stats()
     with pin, warnings.catch_warnings():
@@ -59,11 +91,15 @@ def run(tokens: int = 32, backend: str | None = None, seed: int = 0, prompt_len:
                  if v > fallbacks_before.get(k, 0)}
 
     p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"glm5-hal demo: a tiny GLM-5-architecture model: {describe(config)}")
-    p(f"weights: random, seed {seed}; {dtype} on {model.device}; dispatch: "
+    kind = "a tiny GLM-5-architecture model" if checkpoint is None else f"the model of {checkpoint}"
+    p(f"glm5-hal demo: {kind}: {describe(config)}")
+    p(f"weights: {source}; {str(model.dtype).removeprefix('torch.')} on {model.device}; dispatch: "
       + (f"pinned to backend {backend!r}" if backend else "default (best available backend per op)"))
     p(f"prompt ({len(prompt)} tokens): {' '.join(map(str, prompt))}")
     p(f"generated ({len(generated)} tokens): {' '.join(map(str, generated))}")
+    if tokenizer is not None:
+        p(f"prompt text: {tokenizer.decode(prompt)!r}")
+        p(f"generated text: {tokenizer.decode(generated)!r}")
     rate = len(generated) / elapsed if elapsed > 0 else float("inf")
     p(f"speed: {len(generated)} tokens in {elapsed:.3f} s = {rate:.1f} tokens/s "
       f"(greedy, batch 1, prefill of {len(prompt)} tokens included)")
@@ -88,6 +124,31 @@ def run(tokens: int = 32, backend: str | None = None, seed: int = 0, prompt_len:
             "fallback_ops": sorted(k for k, v in chosen.items() if v.fallback),
             "fallbacks": fallbacks,
             "prefill_calls": dict(prefill_calls.counts), "decode_calls": dict(decode_calls.counts)}
+
+
+def _describe_checkpoint(info) -> str:
+    formats = ", ".join(f"{n} {fmt if fmt == 'float' else fmt.upper()}"
+                        for fmt, n in sorted(info.linear_formats.items()))
+    text = (f"{info.weights.upper() if info.weights == 'fp8' else 'float'} checkpoint, {len(info.files)} file(s), "
+            f"{info.bytes / 2**20:.1f} MiB read in {info.seconds:.2f} s; linear weights: {formats}")
+    if info.quantize:
+        text += f" (quantize={info.quantize!r} at load)"
+    if info.skipped:
+        text += f"; skipped {len(info.skipped)} MTP tensors"
+    return text
+
+
+def _tokenizer(checkpoint) -> Any:
+    """The checkpoint's tokenizer.json through the `tokenizers` package, if both are there
+    (glm5_hal does not depend on it); else None and the demo works on token ids."""
+    path = os.path.join(checkpoint, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer.from_file(path)
 
 
 def _trace_one_step(model: GLM5ForCausalLM, prompt: list[int]) -> tuple[OpCalls, OpCalls]:

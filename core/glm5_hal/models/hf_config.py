@@ -72,6 +72,30 @@ def glm5_config_from_hf(config_cls: type, source: "Mapping[str, Any] | str | os.
     return config_cls(**values)
 
 
+def glm5_config_to_hf(config: Any) -> dict[str, Any]:
+    """The HF `glm_moe_dsa` config.json fields of a GLM5Config (what `glm5_config_from_hf` reads
+    back to an equal config, up to `name`). Raises InvalidInputError for what HF's config cannot
+    say: split-half rope, or LoRA / indexer norm eps other than the 1e-6 HF's modeling code builds.
+    The run-time switches (`attention`, `indexer_fp8`, `indexer_scale_fmt`) are not checkpoint
+    facts and are not written."""
+    op = "GLM5Config.to_hf_config"
+    for field in ("rope_interleaved", "indexer_rope_interleaved"):
+        _expect_in(op, field, getattr(config, field), "True (HF's glm_moe_dsa ropes interleaved pairs)",
+                   lambda v: v is True)
+    for field in ("lora_norm_eps", "indexer_norm_eps"):
+        _expect_in(op, field, getattr(config, field), "1e-6 (fixed in HF's glm_moe_dsa modeling code)",
+                   lambda v: v == 1e-6)
+    renamed = {ours: hf for hf, ours in _RENAMED.items()}
+    hf: dict[str, Any] = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}
+    hf.update({renamed.get(k, k): getattr(config, k) for k in (*_COPIED, *renamed)})
+    layers, dense = config.num_layers, config.first_dense_layers
+    hf.update(hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+              indexer_types=list(config.indexer_types or ("full",) * layers),
+              mlp_layer_types=["dense"] * dense + ["sparse"] * (layers - dense))
+    return hf
+
+
 def indexer_types(hf: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
     """`indexer_types` as GlmMoeDsaConfig resolves it: the explicit list, else the
     `index_topk_pattern` string ("F"/"S" per layer), else the `index_topk_freq` /
@@ -110,5 +134,9 @@ def _as_dict(source) -> dict[str, Any]:
 
 
 def _expect(field: str, value, expected: str, ok) -> None:
+    _expect_in(_OP, field, value, expected, ok)
+
+
+def _expect_in(op: str, field: str, value, expected: str, ok) -> None:
     if not ok(value):
-        raise InvalidInputError(_OP, field, expected, repr(value))
+        raise InvalidInputError(op, field, expected, repr(value))

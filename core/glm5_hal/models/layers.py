@@ -85,17 +85,28 @@ class Router(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # router logits in float32, as HF and DeepSeek-V3.2 compute them
-        return F.linear(x.float(), self.weight.float())
+        return F.linear(x.float(), self.weight)
 
     def _apply(self, fn, recurse=True):
-        # The bias stays float32 whatever the model dtype (HF: _keep_in_fp32_modules_strict):
-        # it decides expert selection, where a bf16 rounding would flip near choices.
-        original = self.e_score_correction_bias
+        # Both stay float32 whatever the model dtype, as HF keeps them
+        # (_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]): they decide
+        # expert selection, where a bf16 rounding would flip near choices, and a float32 checkpoint
+        # tensor loads exactly.
+        # .data: _apply may swap the parameter's data in place, the old tensor keeps the float32 values
+        weight, bias = self.weight.data, self.e_score_correction_bias
         module = super()._apply(fn, recurse)
+        if self.weight.dtype != torch.float32:
+            self.weight.data = weight.to(device=self.weight.device, dtype=torch.float32)
         moved = self.e_score_correction_bias
         if moved.dtype != torch.float32:
-            self._buffers["e_score_correction_bias"] = original.to(device=moved.device, dtype=torch.float32)
+            self._buffers["e_score_correction_bias"] = bias.to(device=moved.device, dtype=torch.float32)
         return module
+
+
+#: How the per-expert checkpoint tensors sit in the stacked ones: (checkpoint projection, stacked
+#: tensor, which half of its rows: 0 gate, 1 up, None all).
+EXPERT_PROJECTIONS = (("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1),
+                      ("down_proj", "down_proj", None))
 
 
 class Experts(nn.Module):
@@ -105,8 +116,11 @@ class Experts(nn.Module):
     splits them), `down_proj` [E, H, I]; these are also HF transformers' in-memory names.
     `state_dict()` writes the checkpoint layout instead, one module per expert
     (`experts.{e}.gate_proj.weight`, `.up_proj.weight`, `.down_proj.weight`), and
-    `load_state_dict()` accepts either layout.
+    `load_state_dict()` accepts either layout. The quantized forms (`quantized.Fp8Experts`,
+    `quantized.Int8Experts`) keep the same layout plus per-tensor scales.
     """
+    #: checkpoint tensor suffix -> suffix of the stacked tensor it is a slice of
+    CHECKPOINT_SUFFIXES = {"weight": ""}
 
     def __init__(self, config: GLM5Config):
         super().__init__()
@@ -114,31 +128,52 @@ class Experts(nn.Module):
         self.num_experts, self.intermediate_size = e, i
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
-        self.register_state_dict_post_hook(_experts_to_checkpoint_layout)
-        self.register_load_state_dict_pre_hook(_experts_from_checkpoint_layout)
+        register_checkpoint_layout(self)
+
+    def forward(self, rows: Tensor, tokens_per_expert: Tensor) -> Tensor:
+        """Rows grouped by expert (moe_permute) -> down_proj(silu(gate) * up) of each row's expert."""
+        hidden = ops.silu_and_mul(ops.grouped_gemm(rows, self.gate_up_proj, tokens_per_expert))
+        return ops.grouped_gemm(hidden, self.down_proj, tokens_per_expert)
 
 
-def _experts_to_checkpoint_layout(module: Experts, state_dict, prefix: str, local_metadata) -> None:
-    gate_up = state_dict.pop(prefix + "gate_up_proj", None)
-    down = state_dict.pop(prefix + "down_proj", None)
-    if gate_up is None or down is None:  # a dict already rewritten or filtered: leave it
+def register_checkpoint_layout(experts: nn.Module) -> None:
+    """state_dict() in the per-expert checkpoint layout; load_state_dict() takes it or the stacked one."""
+    experts.register_state_dict_post_hook(_experts_to_checkpoint_layout)
+    experts.register_load_state_dict_pre_hook(_experts_from_checkpoint_layout)
+
+
+def expert_views(experts: nn.Module, prefix: str = ""):
+    """(checkpoint name, view) of every per-expert tensor: `{prefix}{e}.{gate,up,down}_proj.{suffix}`
+    as a view of the stacked tensor it is part of (no copy)."""
+    for e in range(experts.num_experts):
+        for projection, stacked, half in EXPERT_PROJECTIONS:
+            for suffix, stacked_suffix in experts.CHECKPOINT_SUFFIXES.items():
+                tensor = getattr(experts, stacked + stacked_suffix)[e]
+                yield f"{prefix}{e}.{projection}.{suffix}", tensor if half is None else tensor.chunk(2)[half]
+
+
+def _experts_to_checkpoint_layout(module: nn.Module, state_dict, prefix: str, local_metadata) -> None:
+    stacked = [prefix + name + suffix for name in ("gate_up_proj", "down_proj")
+               for suffix in module.CHECKPOINT_SUFFIXES.values()]
+    if not all(name in state_dict for name in stacked):  # a dict already rewritten or filtered: leave it
         return
-    i = module.intermediate_size
-    for e in range(module.num_experts):
-        # clones: per-expert tensors must not share storage (safetensors refuses shared tensors)
-        state_dict[f"{prefix}{e}.gate_proj.weight"] = gate_up[e, :i].clone()
-        state_dict[f"{prefix}{e}.up_proj.weight"] = gate_up[e, i:].clone()
-        state_dict[f"{prefix}{e}.down_proj.weight"] = down[e].clone()
+    for name in stacked:
+        del state_dict[name]
+    for name, view in expert_views(module, prefix):
+        # clones: per-expert tensors must not share storage (torch.save keeps the whole storage)
+        state_dict[name] = view.detach().clone()
 
 
-def _experts_from_checkpoint_layout(module: Experts, state_dict, prefix: str, *args) -> None:
-    names = [(f"{prefix}{e}.gate_proj.weight", f"{prefix}{e}.up_proj.weight",
-              f"{prefix}{e}.down_proj.weight") for e in range(module.num_experts)]
-    if not all(n in state_dict for triple in names for n in triple):
-        return  # fused layout, or an incomplete one: load_state_dict reports what is missing
-    gate_up = [torch.cat([state_dict.pop(g), state_dict.pop(u)], dim=0) for g, u, _ in names]
-    state_dict[prefix + "gate_up_proj"] = torch.stack(gate_up)
-    state_dict[prefix + "down_proj"] = torch.stack([state_dict.pop(d) for _, _, d in names])
+def _experts_from_checkpoint_layout(module: nn.Module, state_dict, prefix: str, *args) -> None:
+    names = [name for name, _ in expert_views(module, prefix)]
+    if not all(name in state_dict for name in names):
+        return  # stacked layout, or an incomplete one: load_state_dict reports what is missing
+    for suffix, stacked_suffix in module.CHECKPOINT_SUFFIXES.items():
+        per_expert = [{p: state_dict.pop(f"{prefix}{e}.{p}.{suffix}") for p, _, _ in EXPERT_PROJECTIONS}
+                      for e in range(module.num_experts)]
+        state_dict[prefix + "gate_up_proj" + stacked_suffix] = torch.stack(
+            [torch.cat([t["gate_proj"], t["up_proj"]], dim=0) for t in per_expert])
+        state_dict[prefix + "down_proj" + stacked_suffix] = torch.stack([t["down_proj"] for t in per_expert])
 
 
 class MoE(nn.Module):
@@ -158,9 +193,7 @@ class MoE(nn.Module):
                                      c.n_group, c.topk_group, c.routed_scaling_factor, c.norm_topk_prob,
                                      "sigmoid")
         rows, tokens_per_expert, src = ops.moe_permute(x, ids, c.n_routed_experts)
-        hidden = ops.silu_and_mul(ops.grouped_gemm(rows, self.experts.gate_up_proj, tokens_per_expert))
-        out = ops.moe_unpermute(ops.grouped_gemm(hidden, self.experts.down_proj, tokens_per_expert),
-                                src, weights)
+        out = ops.moe_unpermute(self.experts(rows, tokens_per_expert), src, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
@@ -245,8 +278,12 @@ class MLAAttention(nn.Module):
         k_pe = ops.apply_rope(k_pe.unsqueeze(1), step.positions, c.rope_theta, c.rope_interleaved).squeeze(1)
         ops.kv_cache_write(cache.kv, torch.cat([self.kv_a_layernorm(c_kv), k_pe], dim=-1), step.slot_mapping)
 
-        w_uk, w_uv = self.kv_b_proj.weight.view(c.num_heads, c.qk_nope_head_dim + c.v_head_dim,
-                                                c.kv_lora_rank).split([c.qk_nope_head_dim, c.v_head_dim], dim=1)
+        # An FP8 kv_b_proj (quantized.Fp8Linear) keeps its weight dequantized as dense_weight: absorption
+        # multiplies it into the query and the latent output, no linear layer runs on it.
+        kv_b = getattr(self.kv_b_proj, "dense_weight", None)
+        kv_b = self.kv_b_proj.weight if kv_b is None else kv_b
+        w_uk, w_uv = kv_b.view(c.num_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank).split(
+            [c.qk_nope_head_dim, c.v_head_dim], dim=1)
         query = torch.cat([torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe], dim=-1)   # [T, H, d_qk]
 
         index = None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from typing import Hashable, Sequence
 
 import torch
@@ -10,6 +11,7 @@ from torch import Tensor, nn
 
 from ..errors import InvalidInputError
 from ..kv import OutOfBlocksError, PagedKVCache
+from . import checkpoint
 from .config import GLM5Config
 from .layers import DecoderLayer, Experts, LayerCache, RMSNorm, Router, Step
 
@@ -114,7 +116,8 @@ class GLM5ForCausalLM(nn.Module):
         tokens = model.generate([1, 2, 3], max_new_tokens=8)
 
     Inference only (the methods run under torch.no_grad). Without a seed the weights are
-    uninitialised: load them with `load_state_dict`.
+    uninitialised: load them with `load_state_dict`, or build the model from a checkpoint
+    directory with `from_pretrained`.
     """
 
     def __init__(self, config: GLM5Config, *, seed: int | None = None,
@@ -124,9 +127,48 @@ class GLM5ForCausalLM(nn.Module):
         self.model = GLM5Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._seq_counter = itertools.count()
+        #: what from_pretrained loaded (checkpoint.CheckpointInfo); None for a model built from a config
+        self.checkpoint_info: checkpoint.CheckpointInfo | None = None
         if seed is not None:
             self.init_weights(seed)
         self.to(device=device, dtype=dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | str | None = None,
+                        quantize: str | None = None, *, device: torch.device | str | None = None,
+                        **config_overrides) -> "GLM5ForCausalLM":
+        """The model of an HF-layout checkpoint directory: config.json (HF `glm_moe_dsa` field
+        names, `indexer_types`, `quantization_config`) and model.safetensors, or the shards listed
+        by model.safetensors.index.json. Weights are float (BF16, ...) or FP8 in the DeepSeek-V3 /
+        GLM-5-FP8 format (`weight` float8_e4m3fn + `weight_scale_inv`, one float32 scale per 128 x
+        128 block): FP8 linear layers stay FP8 and run `fp8_block_quant` + `fp8_block_gemm` /
+        `fp8_grouped_gemm`.
+
+        dtype: of the float weights and the activations (None: config.json's `dtype`).
+        quantize: None, or "int8" to convert the linear layers and experts to W8A8 at load
+            (per-output-channel weight scales; `int8_quant` + `int8_gemm` / `int8_grouped_gemm`).
+        device: where the weights go (default cpu).
+        config_overrides: run-time GLM5Config switches, e.g. attention="dense", indexer_fp8=True.
+
+        The files are memory-mapped and read tensor by tensor into the allocated model: the
+        process never holds a second copy of the weights. The MTP layers
+        (`model.layers.<num_hidden_layers>.*`) are skipped with a SkippedTensorsWarning. A tensor
+        that is unknown, missing, or of the wrong shape, dtype or format raises CheckpointError
+        naming the tensor and its file, before any weight is read; an unsupported
+        quantization_config raises InvalidInputError naming the field. What was loaded is in
+        `model.checkpoint_info`.
+        """
+        return checkpoint.load_pretrained(cls, path, dtype, quantize, device, config_overrides)
+
+    def save_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> list[str]:
+        """Writes the model as an HF-layout checkpoint `from_pretrained` (and transformers)
+        reads: config.json (HF field names; a loaded checkpoint's other fields kept),
+        model.safetensors, or shards of at most `max_shard_size` bytes (an int or "5GB",
+        "500MiB", ...; a larger tensor gets a shard of its own) with
+        model.safetensors.index.json. FP8 layers are written as `weight` + `weight_scale_inv`
+        with the quantization_config. An INT8 model (quantize="int8") cannot be saved. Weight
+        files of an earlier save in `path` are removed. Returns the files written."""
+        return checkpoint.save_pretrained(self, path, max_shard_size)
 
     @property
     def dtype(self) -> torch.dtype:

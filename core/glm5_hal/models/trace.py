@@ -5,7 +5,7 @@ import contextlib
 import dataclasses
 from typing import Any, Iterator
 
-from . import layers
+from . import layers, quantized
 
 
 @dataclasses.dataclass
@@ -32,13 +32,13 @@ class _RecordingOps:
 
 @contextlib.contextmanager
 def record_ops(*modules: Any) -> Iterator[OpCalls]:
-    """Within the block, every `glm5_hal.ops` call made by the model layers is counted and
-    its first arguments kept (pass them to `glm5_hal.explain`). `modules`: other modules
+    """Within the block, every `glm5_hal.ops` call made by the model layers (the quantized ones
+    too) is counted and its first arguments kept (pass them to `glm5_hal.explain`). `modules`: other modules
     whose op calls go through a module-level `ops` name, to observe instead (the transformers
     integration passes its own). Process-wide while active: not for concurrent use, and not
     under torch.compile."""
     calls = OpCalls()
-    targets = modules or (layers,)
+    targets = modules or (layers, quantized)
     saved = [target.ops for target in targets]
     for target, ops in zip(targets, saved):
         target.ops = _RecordingOps(ops, calls)
