@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ... import ops as hal_ops
 from ...errors import InvalidInputError
+from ...reference.quant import fp8_block_dequantize
 
 # Op calls go through this name so that `record_ops` can observe them (glm5_hal.models.trace).
 ops = hal_ops
@@ -181,9 +182,7 @@ def _absorption_weight(self, dtype: torch.dtype) -> Tensor:
     key = (weight.data_ptr(), weight._version, scale._version, dtype)
     cached = self.__dict__.get("_glm5_hal_kv_b")
     if cached is None or cached[0] != key:
-        rows, cols = weight.shape
-        full = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
-        cached = (key, (weight.float() * full).to(dtype))
+        cached = (key, fp8_block_dequantize(weight, scale).to(dtype))
         self.__dict__["_glm5_hal_kv_b"] = cached
     return cached[1]
 
