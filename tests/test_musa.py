@@ -390,6 +390,29 @@ def test_sparse_mla_decode_paged_on_an_s5000_uses_flash_mla(hal_state, monkeypat
     assert backend.runtime.calls["flash_mla_sparse_fwd"] == 1
 
 
+def test_a_block_id_outside_the_cache_is_never_handed_to_flash_mla(hal_state, monkeypatch):
+    """glm5_hal.ops checks block tables on CPU tensors only; on a device the adapter masks a block
+    id outside the cache on the device (the shared sparse_decode_by_rows), so FlashMLA, which
+    trusts its rows, never reads past the cache: the position reads as if it were not selected."""
+    from glm5_hal.backends.musa import ops as musa_ops
+    backend = register(hal_state, monkeypatch, "S5000", mate="0.2.2")
+    g = seeded(11)
+    q = randn(1, 1, 16, 576, g=g, dtype=BF16, scale=0.5)
+    cache = randn(4, 16, 576, g=g, dtype=BF16, scale=0.5)
+    lens = torch.tensor([30], dtype=I32)
+    indices = torch.tensor([[[0, 17, 20, 3]]], dtype=I32)   # 17 and 20 lie in block 1
+    flashmla = backend.runtime.mate.flashmla
+    handed, fwd = [], flashmla.flash_mla_sparse_fwd
+    monkeypatch.setattr(flashmla, "flash_mla_sparse_fwd", lambda q, kv, idx, *a, **k: (
+        handed.append((int(idx.max()), kv.shape[0])), fwd(q, kv, idx, *a, **k))[1])
+    outside = musa_ops.sparse_mla_decode_paged(backend, q, cache, torch.tensor([[3, 99]], dtype=I32), lens, indices,
+                                               0.1, 512)
+    assert handed and all(top < rows for top, rows in handed), handed
+    unselected = musa_ops.sparse_mla_decode_paged(backend, q, cache, torch.tensor([[3, 0]], dtype=I32), lens,
+                                                  torch.tensor([[[0, -1, -1, 3]]], dtype=I32), 0.1, 512)
+    assert torch.equal(outside[0], unselected[0]) and torch.equal(outside[1], unselected[1])
+
+
 def test_sparse_mla_declines_what_flash_mla_cannot_run(s5000):
     g = seeded(9)
     q, kv, indices = mla_inputs(g, dtype=F16)

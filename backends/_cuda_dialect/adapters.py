@@ -9,7 +9,7 @@ reason ("MUSA kernel not built (...)") when the kernels are absent, so dispatch 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -86,6 +86,31 @@ def no_valid_rows(q: Tensor, d_v: int, lead: tuple) -> tuple[Tensor, Tensor]:
     heads = q.shape[-2]
     return (q.new_zeros((*lead, heads, d_v)),
             torch.full((*lead, heads), float("-inf"), dtype=torch.float32, device=q.device))
+
+
+def sparse_attention_by_rows(flash: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+                              q: Tensor, kv: Tensor, indices: Tensor, d_v: int) -> tuple[Tensor, Tensor]:
+    """sparse_mla_attention through a FlashMLA-style `flash(q [R, H, Dqk], kv_rows [S, Dqk], rows
+    [R, topk] int32 with -1 invalid, valid mask)` (the cuda and musa backends' FlashMLA)."""
+    if q.shape[0] == 0 or kv.shape[0] == 0:
+        return no_valid_rows(q, d_v, (q.shape[0],))
+    valid = (indices >= 0) & (indices < kv.shape[0])
+    return flash(q, kv, torch.where(valid, indices, -1).to(_I32), valid)
+
+
+def sparse_decode_by_rows(flash: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+                          q: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor, indices: Tensor,
+                          d_v: int) -> tuple[Tensor, Tensor]:
+    """sparse_mla_decode_paged through the same `flash`: logical positions become cache rows on
+    the device, block ids outside the cache made invalid (the kernel trusts its rows)."""
+    batch, queries, heads, dqk = q.shape
+    if q.numel() == 0 or kv_cache.shape[0] == 0:
+        return no_valid_rows(q, d_v, (batch, queries))
+    rows, valid = paged_to_physical(indices, block_table, context_lens, kv_cache.shape[1],
+                                    num_blocks=kv_cache.shape[0])
+    out, lse = flash(q.reshape(batch * queries, heads, dqk), kv_cache.reshape(-1, dqk),
+                     rows.reshape(batch * queries, -1), valid.reshape(batch * queries, -1))
+    return out.reshape(batch, queries, heads, -1), lse.reshape(batch, queries, heads)
 
 
 def sparse_mla_attention_declined(backend: Any, q: Tensor, kv: Tensor, d_v: int) -> str | None:

@@ -224,10 +224,7 @@ def sparse_mla_attention(backend: "MusaBackend", q: Tensor, kv: Tensor, indices:
     path, _ = _attention_route(backend, q, kv, d_v)
     if path == "kernel":
         return gpu.sparse_mla_attention(backend, q, kv, indices, sm_scale, d_v)
-    if q.shape[0] == 0 or kv.shape[0] == 0:
-        return gpu.no_valid_rows(q, d_v, (q.shape[0],))
-    valid = (indices >= 0) & (indices < kv.shape[0])
-    return _flash_sparse(backend, q, kv, torch.where(valid, indices, -1).to(_I32), valid, sm_scale)
+    return gpu.sparse_attention_by_rows(lambda *rows: _flash_sparse(backend, *rows, sm_scale), q, kv, indices, d_v)
 
 
 def sparse_mla_decode_paged_supported(backend: "MusaBackend", q: Tensor, kv_cache: Tensor, block_table: Tensor,
@@ -242,13 +239,8 @@ def sparse_mla_decode_paged(backend: "MusaBackend", q: Tensor, kv_cache: Tensor,
     path, _ = _decode_route(backend, q, kv_cache, d_v)
     if path == "kernel":
         return SPARSE_MLA_DECODE_PAGED.fn(backend, q, kv_cache, block_table, context_lens, indices, sm_scale, d_v)
-    batch, queries, heads, dqk = q.shape
-    if q.numel() == 0 or kv_cache.shape[0] == 0:
-        return gpu.no_valid_rows(q, d_v, (batch, queries))
-    rows, valid = gpu.paged_to_physical(indices, block_table, context_lens, kv_cache.shape[1])
-    out, lse = _flash_sparse(backend, q.reshape(batch * queries, heads, dqk), kv_cache.reshape(-1, dqk),
-                             rows.reshape(batch * queries, -1), valid.reshape(batch * queries, -1), sm_scale)
-    return out.reshape(batch, queries, heads, -1), lse.reshape(batch, queries, heads)
+    return gpu.sparse_decode_by_rows(lambda *rows: _flash_sparse(backend, *rows, sm_scale), q, kv_cache,
+                                     block_table, context_lens, indices, d_v)
 
 
 def _flash_sparse(backend: "MusaBackend", q: Tensor, kv_rows: Tensor, rows: Tensor, valid: Tensor,
