@@ -28,11 +28,11 @@ from __future__ import annotations
 import ast
 import importlib
 import os
-import importlib.metadata
 import importlib.util
 from pathlib import Path
 from typing import Any
 
+from glm5_hal.vendor_backend import distribution_version
 from glm5_hal.vendors import installed
 
 from . import arch
@@ -69,13 +69,6 @@ def load_module(name: str, what: str, needs: tuple[str, ...]) -> tuple[Any, str]
     return module, ""
 
 
-def distribution_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def interface_level(parameters: list[str]) -> str:

@@ -395,14 +395,18 @@ def module_version(module: Any) -> str | None:
     return str(getattr(module, "__version__", "") or "") or None
 
 
-def distribution_version(name: str) -> str | None:
-    """The installed version of distribution `name` (its package metadata), read without
-    importing it; None when it is not installed or its metadata cannot be read."""
+def distribution_version(*names: str) -> str | None:
+    """The installed version of the first of the distributions `names` that is installed (its
+    package metadata), read without importing it; None when none is installed or readable."""
     from importlib import metadata
-    try:
-        return metadata.version(name) or None
-    except Exception:  # PackageNotFoundError, or broken metadata of a vendor wheel
-        return None
+    for name in names:
+        try:
+            version = metadata.version(name)
+        except Exception:  # PackageNotFoundError, or broken metadata of a vendor wheel
+            continue
+        if version:
+            return version
+    return None
 
 
 def require_version(what: str, version: str | None, minimum: tuple[int, ...], needs: str) -> str:
