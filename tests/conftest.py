@@ -70,3 +70,13 @@ def run_python(code: str, *, path: list[Path] = (), env: dict[str, str] | None =
 
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def assert_invalid(fn, args, op: str, arg: str, expected: str) -> None:
+    """fn(*args) raises InvalidInputError (a ValueError) for op `op` naming argument `arg`, and
+    its message contains `expected`."""
+    with pytest.raises(hal.InvalidInputError) as info:
+        fn(*args)
+    err = info.value
+    assert isinstance(err, ValueError) and err.op == op and err.arg == arg, str(err)
+    assert expected in str(err), str(err)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import glm5_hal as hal
+from conftest import assert_invalid
 from glm5_hal import reference as ref
 
 REPO = Path(__file__).resolve().parents[1]
@@ -462,14 +463,6 @@ BAD_GEMM = [
     ((torch.randn(5, 6), torch.randn(0, 4, 6), torch.zeros(0, dtype=torch.int32)),
      "tokens_per_expert", "counts summing to 5"),
 ]
-
-
-def assert_invalid(fn, args, op, arg, expected):
-    with pytest.raises(hal.InvalidInputError) as info:
-        fn(*args)
-    err = info.value
-    assert isinstance(err, ValueError) and err.op == op and err.arg == arg, str(err)
-    assert expected in str(err)
 
 
 @pytest.mark.parametrize("over,arg,expected", BAD_ROUTE)
