@@ -296,6 +296,8 @@ void set_dims(View& v, const std::vector<int64_t>& size, const std::vector<int64
 
 }  // namespace
 
+void glm5_bind_call_key(py::module_& m);  // csrc/bindings_call_key.cpp
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "glm5_hal native CPU kernels (plain C++17 + OpenMP, no libtorch)";
   py::register_exception_translator(&translate_invalid_input);
@@ -328,7 +330,7 @@ PYBIND11_MODULE(_C, m) {
                py::str(dims(v.stride, v.ndim)).cast<std::string>() + ")";
       });
   init_torch_names(m);
-
+  glm5_bind_call_key(m);
 
   // ---- dsa ----
   m.def("dsa_isa", &glm5::dsa_isa, "DSA kernel tier in use: 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 + BF16");

@@ -135,6 +135,9 @@ class Let:
 
 ArgSpec = Tensor | Key | Int | Number | Bool | Choice | DType | Unchecked
 
+#: call_key plan codes of a Tensor argument by (contiguous, optional)
+_TENSOR_CODES = {(False, False): "t", (True, False): "c", (False, True): "o", (True, True): "p"}
+
 
 def key_scale_name(arg: str) -> str:
     """The torch-schema name of an FP8 key pair's scale argument."""
@@ -146,12 +149,18 @@ class Compiled:
     """The generated check: `lines` (the body, indented for a function of the op's
     parameters), the names it needs bound in its namespace, and the local names it leaves
     for the caller: the dispatch argument's device and dtype, and one bool per Key
-    argument (True for an FP8 pair)."""
+    argument (True for an FP8 pair).
+
+    `plan` says what the check reads from each parameter, for glm5_hal._C.call_key (one
+    byte each: "t" a tensor, "c" one whose contiguity is read, "o"/"p" the same optional,
+    "k" a key, "s" a scalar), or None when the check reads something call_key does not
+    (an Unchecked argument): two calls with equal call keys pass or fail the check alike."""
     lines: tuple[str, ...]
     namespace: dict[str, Any]
     device: str
     dtype: str
     pair_flags: tuple[str, ...]
+    plan: bytes | None
 
 
 def compile_contract(op: str, params: Sequence[str], args: dict[str, ArgSpec],
@@ -223,7 +232,21 @@ class _Compiler:
         if pending:
             raise HalError(f"op {self.op}: rules name unknown dims or arguments: {pending}")
         return Compiled(tuple(self.lines), self.ns, "_dev", f"_dt_{self.dispatch}",
-                        tuple(f"_pair_{p}" for p in self.pairs))
+                        tuple(f"_pair_{p}" for p in self.pairs), self.plan())
+
+    def plan(self) -> bytes | None:
+        codes = []
+        for name in self.params:
+            spec = self.args[name]
+            if isinstance(spec, Unchecked):
+                return None
+            if isinstance(spec, Key):
+                codes.append("k")
+            elif isinstance(spec, Tensor):
+                codes.append(_TENSOR_CODES[spec.contiguous, spec.optional])
+            else:
+                codes.append("s")
+        return "".join(codes).encode()
 
     # -- rules ---------------------------------------------------------------------------
     def flush_rules(self, depth: int) -> None:

@@ -9,7 +9,11 @@ parameters, defaults and torch schema come from the reference's annotated signat
 1. under `torch.compile` (or when autograd needs it) the torch custom op
    `torch.ops.glm5_hal.<op>`, whose kernel is steps 2-3 and whose fake checks the inputs too;
 2. the metadata checks (raising InvalidInputError), which also yield the decision key
-   (device, dtype of the first tensor argument, pinned backend, FP8-pair flags);
+   (device, dtype of the first tensor argument, pinned backend, FP8-pair flags). They are a
+   pure function of what glm5_hal._C.call_key reads (each tensor's dtype, device, sizes and the
+   flags the check reads, the scalars with their types, the pin), so a call whose call key
+   passed before skips them and takes the decision key remembered for it (`_admit`); a call
+   call_key cannot read exactly (a tensor subclass, a scalar of another type) runs them;
 3. one dict lookup for an implementation that needs nothing more per call; otherwise the
    slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
    per-call `supports` predicates in order, fallback accounting, the op's value checks
@@ -35,6 +39,14 @@ NAMESPACE = "glm5_hal"
 
 #: every defined op by name, in definition order
 OPS: dict[str, "Op"] = {}
+
+try:
+    from ._C import call_key as _call_key
+except ImportError:   # a source tree without the native extension: every call runs its check
+    _call_key = None
+
+#: call keys remembered per op (Op._remember)
+_PASSED_LIMIT = 1024
 
 _PIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("glm5_hal_pin", default=None)
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
@@ -175,6 +187,7 @@ class Op:
         self.schema = _infer_schema(name, reference, self.signature, self.pairs, mutates)
         self._direct: dict[tuple, Callable] = {}
         self._decisions: dict[tuple, Decision] = {}
+        self._passed: dict[tuple, tuple] = {}
         self._grad_args = tuple(p for p in self.params if isinstance(args[p], (Tensor, Key)))
         self._optional = frozenset(p for p in self.params
                                    if isinstance(args[p], Tensor) and args[p].optional)
@@ -189,34 +202,54 @@ class Op:
         call = f"({params},)"
         key = f"({c.device}, {c.dtype}, _pin()" + "".join(f", {f}" for f in c.pair_flags) + ")"
         body = [f"    {line}" for line in c.lines]
-        decide = [f"    _key = {key}",
-                  "    _fn = _direct_get(_key)",
+        needs_grad = (" or ".join(self._requires_grad(p) for p in self._grad_args)
+                      if self.differentiable else "")
+        decide = [f"    _fn = _direct_get(_key)",
                   "    if _fn is not None:",
                   f"        return _fn({params})",
                   f"    return _slow(_key, {call})"]
-        grad = []
-        if self.differentiable:
-            needs = " or ".join(self._requires_grad(p) for p in self._grad_args)
-            grad = [f"    if _grad_enabled() and ({needs}):", f"        return _via_torch({params})"]
         defaults = ", ".join(_with_default(p) for p in self.signature.parameters.values())
         flat = ", ".join(self.torch_params())
         join = [f"    {p} = {p} if {key_scale_name(p)} is None else ({p}, {key_scale_name(p)})"
                 for p in self.pairs]
+        head = [f"def {self.name}({defaults}):",
+                "    if _is_compiling():",
+                f"        return _via_torch({params})"]
+        if c.plan is not None and _call_key is not None:
+            # a call whose metadata (its call key) passed the check before skips it (see _admit)
+            plan = c.plan.upper() if self.differentiable else c.plan
+            public = [*head,
+                      f"    _hit = _passed_get(_call_key({plan!r}, _pin(), {params}))",
+                      "    if _hit is None:",
+                      f"        _hit = _admit({params})",
+                      "    _key, _needs_grad = _hit",
+                      *([f"    if _needs_grad and _grad_enabled():",
+                         f"        return _via_torch({params})"] if self.differentiable else []),
+                      *decide,
+                      "",
+                      f"def _admit({params}):",
+                      *body,
+                      f"    _key = {key}",
+                      f"    _hit = (_key, {needs_grad or 'False'})",
+                      f"    _remember(_call_key({plan!r}, _key[2], {params}), _hit)",
+                      "    return _hit"]
+        else:
+            grad = ([f"    if _grad_enabled() and ({needs_grad}):", f"        return _via_torch({params})"]
+                    if self.differentiable else [])
+            public = [*head, *body, *grad, f"    _key = {key}", *decide]
         source = "\n".join([
             f"def check({params}):", *body, f"    return {_key_without_pin(key)}",
             "",
-            f"def {self.name}({defaults}):",
-            "    if _is_compiling():",
-            f"        return _via_torch({params})",
-            *body, *grad, *decide,
+            *public,
             "",
             f"def kernel({flat}):",
-            *join, *body, *decide,
+            *join, *body, f"    _key = {key}", *decide,
         ])
         ns = dict(c.namespace)
         ns.update(_is_compiling=torch.compiler.is_compiling, _grad_enabled=torch.is_grad_enabled,
                   _pin=_PIN.get, _direct_get=self._direct.get, _slow=self.slow,
-                  _via_torch=self.via_torch)
+                  _via_torch=self.via_torch, _call_key=_call_key, _passed_get=self._passed.get,
+                  _remember=self._remember)
         ns.update({f"_default_{p.name}": p.default for p in self.signature.parameters.values()
                    if p.default is not inspect.Parameter.empty})
         code = compile(source, f"<glm5_hal op {self.name}>", "exec")
@@ -226,6 +259,16 @@ class Op:
         public.__qualname__ = self.name
         public.op = self
         return ns["check"], public, ns["kernel"]
+
+    def _remember(self, call_key: tuple | None, hit: tuple) -> None:
+        """Keeps `hit` (the decision key and whether the call needs autograd) for calls with
+        this call key, which passed the check. Bounded: shapes that change every call (a
+        growing context) start it over rather than grow it."""
+        if call_key is None:
+            return
+        if len(self._passed) >= _PASSED_LIMIT:
+            self._passed.clear()
+        self._passed[call_key] = hit
 
     def _requires_grad(self, p: str) -> str:
         if p in self.pairs:
@@ -335,6 +378,7 @@ class Op:
         """Forget every decision (plugins or settings changed)."""
         self._direct.clear()
         self._decisions.clear()
+        self._passed.clear()
 
     def __repr__(self) -> str:
         return f"<glm5_hal op {self.name}{self.signature}>"

@@ -35,7 +35,20 @@ def paired_times(fns: list[Callable[[], object]], *, min_time: float = 0.2, repe
                  warmup: int = 3) -> list[float]:
     """Seconds per call of each of `fns`, measured in interleaved batches (one batch of each
     per round, so load that comes and goes hits them alike): for each function, the median
-    over the rounds. Differences of the results are what a comparison should use."""
+    over the rounds. To compare two of them, prefer `paired_difference`."""
+    return [statistics.median(s) for s in paired_samples(fns, min_time=min_time, repeats=repeats,
+                                                         warmup=warmup)]
+
+
+def paired_difference(samples: list[list[float]], a: int, b: int) -> float:
+    """The median over the rounds of `paired_samples` of (fns[a] - fns[b]): load that changes
+    between rounds cancels out of each difference."""
+    return statistics.median(x - y for x, y in zip(samples[a], samples[b]))
+
+
+def paired_samples(fns: list[Callable[[], object]], *, min_time: float = 0.2, repeats: int = 9,
+                   warmup: int = 3) -> list[list[float]]:
+    """Seconds per call of each of `fns` in each of `repeats` rounds of interleaved batches."""
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -52,4 +65,4 @@ def paired_times(fns: list[Callable[[], object]], *, min_time: float = 0.2, repe
             for _ in range(per_batch):
                 fn()
             out.append((time.perf_counter() - t0) / per_batch)
-    return [statistics.median(s) for s in samples]
+    return samples

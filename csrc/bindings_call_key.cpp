@@ -1,0 +1,322 @@
+// glm5_hal._C.call_key: everything an op's generated metadata check reads from one call, as one
+// hashable value. glm5_hal.opdef remembers the keys of calls that passed their check, so a call
+// whose arguments have the same metadata as an earlier one skips the Python check (the check is a
+// pure function of what is read here) and costs one native call and one dict lookup instead of
+// ~0.6 us per tensor argument of attribute reads in Python.
+//
+// call_key(plan, pin, *args) -> tuple | None
+//   plan: bytes, one code per argument: 't' a tensor, 'c' a tensor whose contiguity the check
+//         reads, 'o' / 'p' the same but optional (None accepted), 'k' an indexer key (a tensor or
+//         a pair of tensors), 's' a scalar. A tensor code in upper case also reads requires_grad
+//         (differentiable ops: whether a call must go through autograd).
+//   pin:  the pinned backend (str or None), carried in the key as is.
+//   The key is (pin, metadata bytes, scalar values...). The bytes hold, per tensor, its dtype
+//   object's address (dtypes are immortal singletons), device type and index, requires_grad, the
+//   contiguity flag where asked, the number of dims and every size; per scalar, a type code (so
+//   True and 1, or 1 and 1.0, never share a key). None is returned, and the caller runs its
+//   check as before, for anything this does not read exactly: tensor subclasses other than
+//   nn.Parameter (they may override the getters), symbolic sizes, scalars of other types.
+//
+// Tensor metadata is read from the TensorImpl itself where this build has the tensor reader and
+// it passed its checks at import (csrc/bindings_tensor_reader.h, ~20 ns a tensor); otherwise
+// through torch.Tensor's own C getters (the ones `t.shape`, `t.dtype`, `t.device` and
+// `t.requires_grad` run, ~300 ns a tensor), resolved once at import, with a torch.device's type
+// and index read from the object (THPDevice: PyObject_HEAD, then c10::Device {int8 type, int8
+// index}), a layout checked at import against devices of known type and index. If neither
+// resolves and checks, call_key always returns None: slower, never wrong.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include "bindings_tensor_reader.h"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Readers {
+  bool ok = false;
+  const glm5_bindings::TensorReaderApi* direct = nullptr;  // the tensor reader, where it serves
+  PyTypeObject *tensor = nullptr, *parameter = nullptr, *dtype = nullptr;
+  PyGetSetDef *shape = nullptr, *dtype_get = nullptr, *device = nullptr, *requires_grad = nullptr;
+  PyCFunctionWithKeywords is_contiguous = nullptr;
+  PyObject* no_args = nullptr;
+};
+Readers r;
+bool getters_only = false;  // call_key_use_getters (tests)
+
+struct DeviceObject {  // THPDevice's layout, checked at import (device_layout_ok)
+  PyObject_HEAD
+  int8_t type;
+  int8_t index;
+};
+
+PyGetSetDef* getset(PyObject* type, const char* name) {
+  PyObject* d = PyObject_GetAttrString(type, name);
+  if (!d) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyGetSetDef* def = Py_IS_TYPE(d, &PyGetSetDescr_Type) ? reinterpret_cast<PyGetSetDescrObject*>(d)->d_getset : nullptr;
+  Py_DECREF(d);
+  return def && def->get ? def : nullptr;
+}
+
+PyMethodDef* method(PyObject* type, const char* name, int flags) {
+  PyObject* d = PyObject_GetAttrString(type, name);
+  if (!d) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyMethodDef* def = Py_IS_TYPE(d, &PyMethodDescr_Type) ? reinterpret_cast<PyMethodDescrObject*>(d)->d_method : nullptr;
+  Py_DECREF(d);
+  return def && def->ml_flags == flags ? def : nullptr;
+}
+
+// The device object's (type, index) as read through the layout, or false.
+bool read_device(PyObject* device, int8_t& type, int8_t& index) {
+  if (Py_TYPE(device)->tp_basicsize < static_cast<Py_ssize_t>(sizeof(DeviceObject))) return false;
+  const auto* d = reinterpret_cast<const DeviceObject*>(device);
+  type = d->type;
+  index = d->index;
+  return true;
+}
+
+// torch.device(spec) read through the layout matches the index Python reports for it, and
+// devices of two types differ in the type byte.
+bool device_layout_ok(PyObject* torch) {
+  namespace py = pybind11;
+  try {
+    py::object make = py::reinterpret_borrow<py::object>(torch).attr("device");
+    py::object cpu = make("cpu"), cuda3 = make("cuda", 3), cuda5 = make("cuda", 5), meta = make("meta");
+    int8_t t_cpu, i_cpu, t3, i3, t5, i5, t_meta, i_meta;
+    if (!read_device(cpu.ptr(), t_cpu, i_cpu) || !read_device(cuda3.ptr(), t3, i3) ||
+        !read_device(cuda5.ptr(), t5, i5) || !read_device(meta.ptr(), t_meta, i_meta))
+      return false;
+    return i_cpu == -1 && i3 == 3 && i5 == 5 && i_meta == -1 && t3 == t5 && t_cpu != t3 && t_meta != t_cpu &&
+           t_meta != t3 && Py_TYPE(cpu.ptr()) == Py_TYPE(cuda3.ptr());
+  } catch (const py::error_already_set&) {
+    PyErr_Clear();
+    return false;
+  }
+}
+
+PyObject* borrowed_type(PyObject* module, const char* path1, const char* path2 = nullptr) {
+  PyObject* a = PyObject_GetAttrString(module, path1);
+  if (!a || !path2) return a;
+  PyObject* b = PyObject_GetAttrString(a, path2);
+  Py_DECREF(a);
+  return b;
+}
+
+// glm5_hal._tensor_reader's API if that module is built and serves with this torch, else null.
+const glm5_bindings::TensorReaderApi* tensor_reader(PyObject* torch) {
+  PyObject* module = PyImport_ImportModule("glm5_hal._tensor_reader");
+  const auto* api = module ? static_cast<const glm5_bindings::TensorReaderApi*>(
+                                 PyCapsule_Import(glm5_bindings::kTensorReaderCapsule, 0))
+                           : nullptr;
+  Py_XDECREF(module);
+  if (!api || api->abi != glm5_bindings::kTensorReaderAbi || !api->init(torch)) api = nullptr;
+  PyErr_Clear();
+  return api;
+}
+
+void init_readers() {
+  PyObject* torch = PyImport_ImportModule("torch");
+  if (!torch) {
+    PyErr_Clear();
+    return;
+  }
+  PyObject* tensor = borrowed_type(torch, "Tensor");
+  PyObject* parameter = borrowed_type(torch, "nn", "Parameter");
+  PyObject* f32 = borrowed_type(torch, "float32");
+  if (!tensor || !parameter || !f32) {
+    PyErr_Clear();
+    Py_XDECREF(tensor);
+    Py_XDECREF(parameter);
+    Py_XDECREF(f32);
+    Py_DECREF(torch);
+    return;
+  }
+  Readers x;
+  x.tensor = reinterpret_cast<PyTypeObject*>(tensor);      // kept for the module's lifetime
+  x.parameter = reinterpret_cast<PyTypeObject*>(parameter);
+  x.dtype = Py_TYPE(f32);
+  Py_DECREF(f32);
+  x.shape = getset(tensor, "shape");
+  x.dtype_get = getset(tensor, "dtype");
+  x.device = getset(tensor, "device");
+  x.requires_grad = getset(tensor, "requires_grad");
+  PyMethodDef* contiguous = method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
+  x.no_args = PyTuple_New(0);
+  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && x.no_args && device_layout_ok(torch)) {
+    x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
+    x.ok = true;
+  }
+  x.direct = tensor_reader(torch);
+  Py_DECREF(torch);
+  r = x;
+}
+
+// Owned reference holder for the getters' results.
+struct Ref {
+  PyObject* p;
+  explicit Ref(PyObject* o) : p(o) {}
+  ~Ref() { Py_XDECREF(p); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+};
+
+enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtype's address, or kTensor set)
+constexpr int64_t kTensor = int64_t{1} << 56;
+enum : int64_t { kInt = 1, kFloat, kBool, kStr, kNoneScalar, kDType };
+
+// Appends tensor `t`'s words; false if it is not read exactly here (the caller returns None).
+bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, std::vector<int64_t>& words) {
+  PyTypeObject* type = Py_TYPE(t);
+  if (type != r.tensor && type != r.parameter) return false;
+  if (r.direct && !getters_only) {
+    glm5_bindings::TensorMeta m;
+    if (!r.direct->read(t, contiguity, grad_flag, &m)) return false;
+    words.push_back(kTensor | m.ndim | m.scalar_type << 16 | static_cast<int64_t>(static_cast<uint8_t>(m.device_type)) << 32 |
+                    static_cast<int64_t>(static_cast<uint8_t>(m.device_index)) << 40 |
+                    static_cast<int64_t>(m.requires_grad) << 48 | static_cast<int64_t>(m.contiguous) << 49);
+    words.insert(words.end(), m.sizes, m.sizes + m.ndim);
+    return true;
+  }
+  Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
+  Ref shape(r.shape->get(t, r.shape->closure));
+  Ref device(r.device->get(t, r.device->closure));
+  Ref grad(grad_flag ? r.requires_grad->get(t, r.requires_grad->closure) : nullptr);
+  if (!dtype.p || !shape.p || !device.p || (grad_flag && !grad.p) || !PyTuple_Check(shape.p) ||
+      Py_TYPE(dtype.p) != r.dtype) {
+    PyErr_Clear();
+    return false;
+  }
+  int8_t dev_type, dev_index;
+  if (!read_device(device.p, dev_type, dev_index)) return false;
+  int64_t contiguous = 0;
+  if (contiguity) {
+    Ref flag(r.is_contiguous(t, r.no_args, nullptr));
+    if (!flag.p) {
+      PyErr_Clear();
+      return false;
+    }
+    contiguous = flag.p == Py_True;
+  }
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.p);
+  words.push_back(reinterpret_cast<intptr_t>(dtype.p));
+  words.push_back(static_cast<int64_t>(ndim) | static_cast<int64_t>(static_cast<uint8_t>(dev_type)) << 32 |
+                  static_cast<int64_t>(static_cast<uint8_t>(dev_index)) << 40 |
+                  static_cast<int64_t>(grad.p == Py_True) << 48 | contiguous << 49);
+  for (Py_ssize_t d = 0; d < ndim; ++d) {
+    PyObject* size = PyTuple_GET_ITEM(shape.p, d);
+    if (!PyLong_CheckExact(size)) return false;  // a SymInt while tracing
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(size, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    words.push_back(v);
+  }
+  return true;
+}
+
+int64_t scalar_code(PyObject* v) {
+  if (PyLong_CheckExact(v)) return kInt;
+  if (PyFloat_CheckExact(v)) return kFloat;
+  if (PyBool_Check(v)) return kBool;
+  if (PyUnicode_CheckExact(v)) return kStr;
+  if (v == Py_None) return kNoneScalar;
+  if (Py_TYPE(v) == r.dtype) return kDType;
+  return 0;
+}
+
+PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || !PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) != nargs - 2) {
+    PyErr_SetString(PyExc_TypeError, "call_key(plan: bytes, pin, *args): one plan code per argument");
+    return nullptr;
+  }
+  if (!r.ok) Py_RETURN_NONE;
+  const char* plan = PyBytes_AS_STRING(args[0]);
+  const Py_ssize_t n = nargs - 2;
+  std::vector<int64_t> words;
+  words.reserve(64);
+  PyObject* scalars[32];
+  Py_ssize_t nscalars = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = args[i + 2];
+    const bool grad = plan[i] >= 'A' && plan[i] <= 'Z';
+    const char code = static_cast<char>(plan[i] | 0x20);  // lower case
+    switch (code) {
+      case 'o':
+      case 'p':
+        if (a == Py_None) {
+          words.push_back(kNone);
+          break;
+        }
+        [[fallthrough]];
+      case 't':
+      case 'c':
+        if (!add_tensor(a, code == 'c' || code == 'p', grad, words)) Py_RETURN_NONE;
+        break;
+      case 'k':
+        if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
+          if (PySequence_Fast_GET_SIZE(a) != 2) Py_RETURN_NONE;
+          words.push_back(kPair);
+          if (!add_tensor(PySequence_Fast_GET_ITEM(a, 0), false, grad, words) ||
+              !add_tensor(PySequence_Fast_GET_ITEM(a, 1), false, grad, words))
+            Py_RETURN_NONE;
+        } else if (!add_tensor(a, false, grad, words)) {
+          Py_RETURN_NONE;
+        }
+        break;
+      case 's': {
+        const int64_t code = scalar_code(a);
+        if (!code || nscalars == 32) Py_RETURN_NONE;
+        words.push_back(code);
+        scalars[nscalars++] = a;
+        break;
+      }
+      default:
+        Py_RETURN_NONE;
+    }
+  }
+  PyObject* key = PyTuple_New(2 + nscalars);
+  if (!key) return nullptr;
+  PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(words.data()),
+                                              static_cast<Py_ssize_t>(words.size() * sizeof(int64_t)));
+  if (!bytes) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  Py_INCREF(args[1]);
+  PyTuple_SET_ITEM(key, 0, args[1]);
+  PyTuple_SET_ITEM(key, 1, bytes);
+  for (Py_ssize_t s = 0; s < nscalars; ++s) {
+    Py_INCREF(scalars[s]);
+    PyTuple_SET_ITEM(key, 2 + s, scalars[s]);
+  }
+  return key;
+}
+
+PyMethodDef methods[] = {
+    {"call_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call_key)), METH_FASTCALL,
+     "call_key(plan, pin, *args): the metadata an op's check reads, as one hashable key, or None "
+     "(csrc/bindings_call_key.cpp)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+// Called from glm5_hal._C's module init (csrc/bindings.cpp).
+void glm5_bind_call_key(pybind11::module_& m) {
+  init_readers();
+  if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw pybind11::error_already_set();
+  m.def("call_key_reader", [] { return std::string(!r.ok ? "" : r.direct && !getters_only ? "tensor reader" : "getters"); },
+        "how call_key reads tensors: 'tensor reader', 'getters', or '' (it always returns None)");
+  m.def("call_key_use_getters", [](bool on) { getters_only = on; },
+        "tests: read through the getters even where the tensor reader serves (False: back)");
+}

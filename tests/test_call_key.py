@@ -1,0 +1,173 @@
+"""glm5_hal._C.call_key (csrc/bindings_call_key.cpp) and the generated ops' use of it: a call
+whose metadata passed the op's check before skips the check, so the key must differ wherever
+the check could decide differently, and a remembered key must never let bad input through."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import glm5_hal as hal
+import glm5_hal.ops  # noqa: F401  (defines the ops)
+from glm5_hal import _C, opdef
+from glm5_hal.errors import InvalidInputError
+
+READERS = ["tensor reader", "getters"]
+
+
+@pytest.fixture(params=READERS)
+def reader(request):
+    """call_key reading through each of its two paths in turn (the getters can always be
+    forced; the tensor reader only where this build has it)."""
+    if request.param == "tensor reader" and _C.call_key_reader() != "tensor reader":
+        pytest.skip("this build has no glm5_hal._tensor_reader (built without torch)")
+    _C.call_key_use_getters(request.param == "getters")
+    try:
+        yield request.param
+    finally:
+        _C.call_key_use_getters(False)
+
+
+def key(plan, *args, pin=None):
+    return _C.call_key(plan, pin, *args)
+
+
+def test_the_tensor_reader_serves_where_it_is_built():
+    # CI and `make` build with torch present, so the reader must be there and pass its checks
+    # at import; a silent fall back to the getters would cost ~0.3 us per tensor per call.
+    built = importlib.util.find_spec("glm5_hal._tensor_reader") is not None
+    assert _C.call_key_reader() == ("tensor reader" if built else "getters")
+
+
+def test_equal_metadata_gives_equal_keys(reader):
+    a, b = torch.zeros(2, 3), torch.ones(2, 3)
+    assert key(b"tt", a, a) == key(b"tt", b, a)
+    assert key(b"t", torch.nn.Parameter(torch.zeros(2, 3), requires_grad=False)) == key(b"t", a)
+    pair = (torch.zeros(4, 8, dtype=torch.float8_e4m3fn), torch.zeros(4))
+    assert key(b"k", pair) == key(b"k", list(pair))
+
+
+@pytest.mark.parametrize("plan, first, second", [
+    (b"t", torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bfloat16)),
+    (b"t", torch.zeros(2, 3), torch.zeros(2, 4)),
+    (b"t", torch.zeros(2, 3), torch.zeros(3, 2)),
+    (b"t", torch.zeros(6), torch.zeros(2, 3)),
+    (b"t", torch.zeros(()), torch.zeros(1)),
+    (b"t", torch.zeros(2, 3), torch.zeros(2, 3, device="meta")),
+    (b"c", torch.zeros(3, 2), torch.zeros(2, 3).t()),
+    (b"T", torch.zeros(2), torch.zeros(2, requires_grad=True)),
+    (b"o", None, torch.zeros(2)),
+    (b"k", torch.zeros(4, 8), (torch.zeros(4, 8), torch.zeros(4))),
+    (b"s", 1, True),
+    (b"s", 1, 1.0),
+    (b"s", 0, False),
+    (b"s", 2, 3),
+    (b"s", None, "ue8m0"),
+    (b"s", torch.float32, torch.bfloat16),
+    (b"s", 1e-6, 1e-5),
+], ids=["dtype", "size", "transposed shape", "rank", "0-d", "device", "contiguity", "requires_grad",
+        "optional", "key pair", "int-bool", "int-float", "zero-false", "int value", "choice", "dtype arg",
+        "float value"])
+def test_a_difference_the_check_could_see_gives_another_key(reader, plan, first, second):
+    assert key(plan, first) != key(plan, second)
+
+
+def test_what_is_not_read_does_not_split_keys(reader):
+    # contiguity and requires_grad are read only where the plan asks
+    assert key(b"t", torch.zeros(3, 2)) == key(b"t", torch.zeros(2, 3).t().contiguous())
+    assert key(b"t", torch.zeros(2)) == key(b"t", torch.zeros(2, requires_grad=True))
+
+
+def test_the_pin_is_part_of_the_key(reader):
+    x = torch.zeros(2)
+    assert key(b"t", x, pin="reference") != key(b"t", x, pin=None)
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("plan, arg", [
+    (b"t", torch.zeros(2).as_subclass(_Sub)),   # a subclass may override what the check reads
+    (b"t", 3),
+    (b"t", None),
+    (b"k", (torch.zeros(2),)),
+    (b"k", (torch.zeros(2), torch.zeros(2), torch.zeros(2))),
+    (b"s", [1, 2]),
+    (b"s", torch.tensor(1)),
+    (b"x", torch.zeros(2)),
+], ids=["subclass", "int as tensor", "None as tensor", "short pair", "long pair", "list scalar",
+        "tensor scalar", "unknown plan code"])
+def test_what_it_cannot_read_exactly_gives_no_key(reader, plan, arg):
+    assert key(plan, arg) is None
+
+
+def test_a_plan_must_match_the_arguments():
+    with pytest.raises(TypeError, match="one plan code per argument"):
+        _C.call_key(b"tt", None, torch.zeros(1))
+
+
+def test_every_op_reads_its_arguments_through_a_call_key():
+    ops = {name: op for name, op in opdef.OPS.items() if op.public.__module__.startswith("glm5_hal.ops.")}
+    assert len(ops) >= 27
+    for name, op in ops.items():
+        assert op.contract.plan is not None, name
+        assert len(op.contract.plan) == len(op.params), name
+        assert "_call_key(" in op.source, name
+
+
+def test_a_remembered_call_still_runs_the_value_checks(reader):
+    cache = torch.zeros(2, 4, 8)
+    values = torch.ones(3, 8)
+    hal.ops.kv_cache_write(cache, values, torch.tensor([0, 1, 2]))
+    assert len(opdef.lookup("kv_cache_write")._passed) >= 1
+    # same metadata, an index out of range: the data-dependent check still runs
+    with pytest.raises(InvalidInputError, match="slot_mapping"):
+        hal.ops.kv_cache_write(cache, values, torch.tensor([0, 1, 8]))
+
+
+def test_a_remembered_call_does_not_let_other_metadata_through(reader):
+    cache = torch.zeros(2, 4, 8)
+    hal.ops.kv_cache_write(cache, torch.ones(1, 8), torch.tensor([0]))
+    strided = torch.zeros(2, 8, 4).transpose(1, 2)   # same shape and dtype, not contiguous
+    with pytest.raises(InvalidInputError, match="contiguous"):
+        hal.ops.kv_cache_write(strided, torch.ones(1, 8), torch.tensor([0]))
+    x, w = torch.randn(3, 8), torch.ones(8)
+    hal.ops.rms_norm(x, w, 1e-6)
+    with pytest.raises(InvalidInputError, match="eps"):
+        hal.ops.rms_norm(x, w, float("nan"))
+    with pytest.raises(InvalidInputError, match="eps"):
+        hal.ops.rms_norm(x, w, True)
+    with pytest.raises(InvalidInputError, match="weight"):
+        hal.ops.rms_norm(x, torch.ones(4), 1e-6)
+
+
+def test_requires_grad_after_a_remembered_call_goes_through_autograd(reader):
+    x, w = torch.randn(3, 8), torch.ones(8)
+    assert hal.ops.rms_norm(x, w, 1e-6).grad_fn is None
+    x.requires_grad_()
+    out = hal.ops.rms_norm(x, w, 1e-6)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    with torch.no_grad():
+        assert hal.ops.rms_norm(x, w, 1e-6).grad_fn is None
+
+
+def test_remembered_keys_are_bounded(monkeypatch, reader):
+    monkeypatch.setattr(opdef, "_PASSED_LIMIT", 8)
+    op = opdef.lookup("silu_and_mul")
+    for n in range(1, 30):
+        hal.ops.silu_and_mul(torch.ones(1, 2 * n))
+        assert len(op._passed) <= 8
+
+
+def test_pinned_calls_are_keyed_apart(reader):
+    x, w = torch.randn(3, 8), torch.ones(8)
+    expected = hal.ops.rms_norm(x, w, 1e-6)
+    with hal.use("reference"):
+        assert hal.explain("rms_norm", x, w, 1e-6).chosen == "reference.rms_norm"
+        torch.testing.assert_close(hal.ops.rms_norm(x, w, 1e-6), expected)
+    pins = {k[0] for k in opdef.lookup("rms_norm")._passed}
+    assert {None, "reference"} <= pins
