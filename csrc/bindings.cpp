@@ -23,7 +23,7 @@
 #include "vec.h"
 #include "common_ops.h"
 #include "dsa.h"
-#include "value_checks.h"
+#include "bindings_tensors.h"
 #include "view.h"
 
 namespace py = pybind11;
@@ -296,7 +296,6 @@ void set_dims(View& v, const std::vector<int64_t>& size, const std::vector<int64
 
 }  // namespace
 
-void glm5_bind_call_key(py::module_& m);  // csrc/bindings_call_key.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "glm5_hal native CPU kernels (plain C++17 + OpenMP, no libtorch)";
@@ -330,7 +329,7 @@ PYBIND11_MODULE(_C, m) {
                py::str(dims(v.stride, v.ndim)).cast<std::string>() + ")";
       });
   init_torch_names(m);
-  glm5_bind_call_key(m);
+  glm5_bind_tensor_reading(m);  // csrc/bindings_tensors.cpp: call_key
 
   // ---- dsa ----
   m.def("dsa_isa", &glm5::dsa_isa, "DSA kernel tier in use: 0 portable, 1 AVX2, 2 AVX-512, 3 AVX-512 + BF16");
@@ -463,23 +462,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("passes"), py::call_guard<py::gil_scoped_release>());
   // ---- end roofline ----
 
-  // ---- value checks (glm5_hal.checks): host memory, GIL held (they take well under a microsecond) ----
-  m.def("first_outside",
-        [](uintptr_t data, int64_t n, int d, int64_t lo, int64_t hi, bool has_allowed, int64_t allowed) {
-          return glm5::first_outside(ptr<const void>(data), n, dt(d), lo, hi, has_allowed, allowed);
-        });
-  m.def("smallest_repeat", [](uintptr_t data, int64_t n, int d) {
-    return glm5::smallest_repeat(ptr<const void>(data), n, dt(d));
-  });
-  m.def("sum_of", [](uintptr_t data, int64_t n, int d) { return glm5::sum_of(ptr<const void>(data), n, dt(d)); });
-  m.def("first_bad_block",
-        [](uintptr_t table, int64_t batch, int64_t max_blocks, int64_t row_stride, uintptr_t lens, int64_t block_size,
-           int64_t num_blocks) {
-          return glm5::first_bad_block(ptr<const int32_t>(table), batch, max_blocks, row_stride,
-                                       ptr<const int32_t>(lens), block_size, num_blocks);
-        });
-  m.def("first_bad_range", [](uintptr_t start, uintptr_t end, int64_t n, int64_t num_keys) {
-    return glm5::first_bad_range(ptr<const int32_t>(start), ptr<const int32_t>(end), n, num_keys);
-  });
-  // ---- end value checks ----
+  glm5_bind_value_checks(m);  // csrc/bindings_value_checks.cpp: the value checks take the tensors
 }

@@ -8,6 +8,7 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -162,7 +163,27 @@ bool read_tensor(PyObject* t, bool contiguity, bool grad, TensorMeta* out) {
   return true;
 }
 
-const TensorReaderApi api{kTensorReaderAbi, tensor_reader_init, read_tensor};
+bool host_data(PyObject* t, HostData* out) {
+  if (impl_offset < 0) return false;
+  const c10::TensorImpl* impl = impl_of(t);
+  if (!impl || impl->is_python_dispatch() || impl->has_symbolic_sizes_strides()) return false;
+  try {
+    if (impl->device().type() != c10::DeviceType::CPU || !impl->is_contiguous()) return false;
+    const c10::IntArrayRef sizes = impl->sizes();
+    if (sizes.size() > static_cast<size_t>(kHostMaxDims)) return false;
+    out->numel = impl->numel();
+    out->data = out->numel ? impl->data() : nullptr;
+    const c10::ScalarType dtype = impl->dtype().toScalarType();
+    out->int_bytes = dtype == c10::ScalarType::Int ? 4 : dtype == c10::ScalarType::Long ? 8 : 0;
+    out->ndim = static_cast<int64_t>(sizes.size());
+    std::copy(sizes.begin(), sizes.end(), out->sizes);
+  } catch (...) {  // no storage, an uninitialized one, or no device
+    return false;
+  }
+  return true;
+}
+
+const TensorReaderApi api{kTensorReaderAbi, tensor_reader_init, read_tensor, host_data};
 
 PyModuleDef module{PyModuleDef_HEAD_INIT, "_tensor_reader",
                    "glm5_hal._C.call_key's tensor reader (csrc/bindings_tensor_reader.h)", -1, nullptr,

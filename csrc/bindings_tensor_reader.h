@@ -1,5 +1,5 @@
 // A torch.Tensor's metadata read straight from its c10::TensorImpl, for glm5_hal._C.call_key
-// (csrc/bindings_call_key.cpp): about 20 ns a tensor where torch's Python getters (t.shape,
+// (csrc/bindings_tensors.cpp): about 20 ns a tensor where torch's Python getters (t.shape,
 // t.dtype, t.device, t.requires_grad) take about 300 ns together, because each of those builds
 // Python objects. It is its own extension module, glm5_hal._tensor_reader, built only when CMake
 // finds the headers and libc10 of the torch the package is built for, so that glm5_hal._C stays
@@ -24,6 +24,16 @@ struct TensorMeta {
   const int64_t* sizes;  // valid while the tensor lives
 };
 
+// A host tensor's elements, for the value checks (csrc/bindings_value_checks.cpp).
+constexpr int kHostMaxDims = 8;
+struct HostData {
+  const void* data;   // null when empty
+  int64_t int_bytes;  // 4 for int32, 8 for int64, 0 for any other dtype
+  int64_t numel;
+  int64_t ndim;
+  int64_t sizes[kHostMaxDims];
+};
+
 // The module's API, in the capsule glm5_hal._tensor_reader.api.
 struct TensorReaderApi {
   int abi;  // kTensorReaderAbi
@@ -37,8 +47,11 @@ struct TensorReaderApi {
   // undefined tensor), and the caller falls back. requires_grad and contiguous are read only
   // when asked (false otherwise).
   bool (*read)(PyObject* t, bool contiguity, bool grad, TensorMeta* out);
+  // The elements of `t` (same caller's type check) if it is a contiguous CPU tensor of at most
+  // kHostMaxDims dims with initialized storage; false otherwise.
+  bool (*host)(PyObject* t, HostData* out);
 };
-constexpr int kTensorReaderAbi = 1;
+constexpr int kTensorReaderAbi = 2;
 constexpr const char* kTensorReaderCapsule = "glm5_hal._tensor_reader.api";
 
 }  // namespace glm5_bindings

@@ -1,4 +1,4 @@
-"""glm5_hal._C.call_key (csrc/bindings_call_key.cpp) and the generated ops' use of it: a call
+"""glm5_hal._C.call_key (csrc/bindings_tensors.cpp) and the generated ops' use of it: a call
 whose metadata passed the op's check before skips the check, so the key must differ wherever
 the check could decide differently, and a remembered key must never let bad input through."""
 from __future__ import annotations
@@ -20,13 +20,13 @@ READERS = ["tensor reader", "getters"]
 def reader(request):
     """call_key reading through each of its two paths in turn (the getters can always be
     forced; the tensor reader only where this build has it)."""
-    if request.param == "tensor reader" and _C.call_key_reader() != "tensor reader":
+    if request.param == "tensor reader" and _C.tensor_reading() != "tensor reader":
         pytest.skip("this build has no glm5_hal._tensor_reader (built without torch)")
-    _C.call_key_use_getters(request.param == "getters")
+    _C.read_through_getters(request.param == "getters")
     try:
         yield request.param
     finally:
-        _C.call_key_use_getters(False)
+        _C.read_through_getters(False)
 
 
 def key(plan, *args, pin=None):
@@ -37,7 +37,7 @@ def test_the_tensor_reader_serves_where_it_is_built():
     # CI and `make` build with torch present, so the reader must be there and pass its checks
     # at import; a silent fall back to the getters would cost ~0.3 us per tensor per call.
     built = importlib.util.find_spec("glm5_hal._tensor_reader") is not None
-    assert _C.call_key_reader() == ("tensor reader" if built else "getters")
+    assert _C.tensor_reading() == ("tensor reader" if built else "getters")
 
 
 def test_equal_metadata_gives_equal_keys(reader):

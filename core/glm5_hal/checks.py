@@ -100,29 +100,25 @@ def choice(op: str, arg: str, v: object, options: Sequence[object]) -> None:
 
 # -- value checks ------------------------------------------------------------------------------
 # Data-dependent, so never at trace time. Each primitive finds the first violation: natively on
-# CPU tensors (a scan of host memory, well under a microsecond), with torch ops elsewhere
-# (which reads device data: dispatch runs value checks off the CPU only under
-# GLM5_HAL_CHECKS=full).
+# contiguous int CPU tensors (glm5_hal._C reads the tensor and scans host memory, well under a
+# microsecond; csrc/bindings_value_checks.cpp), with torch ops elsewhere (which reads device data:
+# dispatch runs value checks off the CPU only under GLM5_HAL_CHECKS=full). A native primitive
+# returns None for a tensor it does not read, and the torch formulation runs.
 try:
     from . import _C as _native
 except ImportError:  # a source tree without the extension: the torch path serves
     _native = None
 
-_INT_CODES = {torch.int32: 4, torch.int64: 5}   # glm5::DType (csrc/core.h)
-
-
-def _host(*tensors: torch.Tensor) -> bool:
-    return _native is not None and all(t.is_cpu and t.is_contiguous() for t in tensors)
-
 
 def first_outside(t: torch.Tensor, low: int, high: int, allowed: int | None = None) -> int:
     """Flat index of the first element of the int tensor `t` outside [low, high) other than
     `allowed`, or -1."""
+    if _native is not None:
+        hit = _native.first_outside(t, low, high, allowed)
+        if hit is not None:
+            return hit
     if t.numel() == 0:
         return -1
-    if _host(t) and t.dtype in _INT_CODES:
-        return _native.first_outside(t.data_ptr(), t.numel(), _INT_CODES[t.dtype], low, high,
-                                     allowed is not None, 0 if allowed is None else allowed)
     # a bound outside the dtype's range would wrap in the comparison (2**31 as int32 is -2**31)
     info = torch.iinfo(t.dtype)
     bad = torch.zeros(t.shape, dtype=torch.bool, device=t.device)
@@ -138,10 +134,12 @@ def first_outside(t: torch.Tensor, low: int, high: int, allowed: int | None = No
 
 def smallest_repeat(t: torch.Tensor) -> int:
     """The smallest value >= 0 occurring more than once in the int tensor `t`, or -1."""
+    if _native is not None:
+        repeated = _native.smallest_repeat(t)
+        if repeated is not None:
+            return repeated
     if t.numel() < 2:
         return -1
-    if _host(t) and t.dtype in _INT_CODES:
-        return _native.smallest_repeat(t.data_ptr(), t.numel(), _INT_CODES[t.dtype])
     used = t[t >= 0].sort().values
     repeated = used[1:][used[1:] == used[:-1]]
     return int(repeated[0]) if repeated.numel() else -1
@@ -149,8 +147,10 @@ def smallest_repeat(t: torch.Tensor) -> int:
 
 def total(t: torch.Tensor) -> int:
     """The sum of the int tensor `t`."""
-    if _host(t) and t.dtype in _INT_CODES:
-        return _native.sum_of(t.data_ptr(), t.numel(), _INT_CODES[t.dtype])
+    if _native is not None:
+        count = _native.sum_of(t)
+        if count is not None:
+            return count
     return int(t.sum())
 
 
@@ -158,13 +158,13 @@ def first_bad_block(block_table: torch.Tensor, context_lens: torch.Tensor, block
                     num_blocks: int) -> tuple[int, int] | None:
     """The first (b, j) whose block holds part of [0, context_lens[b]) but whose id is outside
     [0, num_blocks), or None. context_lens must already be in [0, max_blocks * block_size]."""
+    if _native is not None:
+        hit = _native.first_bad_block(block_table, context_lens, block_size, num_blocks)
+        if hit is not None:
+            return None if hit[0] < 0 else hit
     batch, max_blocks = block_table.shape
     if batch == 0 or max_blocks == 0:
         return None
-    if _host(block_table, context_lens) and block_table.dtype == context_lens.dtype == torch.int32:
-        b, j = _native.first_bad_block(block_table.data_ptr(), batch, max_blocks, max_blocks,
-                                       context_lens.data_ptr(), block_size, num_blocks)
-        return None if b < 0 else (b, j)
     used = (context_lens.long() + block_size - 1) // block_size
     in_use = torch.arange(max_blocks, device=block_table.device) < used.unsqueeze(-1)
     hit = (in_use & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
@@ -174,10 +174,12 @@ def first_bad_block(block_table: torch.Tensor, context_lens: torch.Tensor, block
 def first_bad_range(start: torch.Tensor, end: torch.Tensor, num_keys: int) -> tuple[int, int]:
     """Key ranges 0 <= start[t] <= end[t] <= num_keys: (1, t) for the first end outside
     [0, num_keys], else (2, t) for the first start < 0 or > end[t], else (0, -1)."""
+    if _native is not None:
+        hit = _native.first_bad_range(start, end, num_keys)
+        if hit is not None:
+            return hit
     if start.numel() == 0:
         return 0, -1
-    if _host(start, end) and start.dtype == end.dtype == torch.int32:
-        return tuple(_native.first_bad_range(start.data_ptr(), end.data_ptr(), start.numel(), num_keys))
     t = first_outside(end, 0, num_keys + 1)
     if t >= 0:
         return 1, t

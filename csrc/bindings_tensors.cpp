@@ -1,3 +1,6 @@
+// How glm5_hal._C reads torch tensors without building Python objects for each attribute
+// (declared in bindings_tensors.h): call_key for dispatch, host_tensor for the value checks.
+//
 // glm5_hal._C.call_key: everything an op's generated metadata check reads from one call, as one
 // hashable value. glm5_hal.opdef remembers the keys of calls that passed their check, so a call
 // whose arguments have the same metadata as an earlier one skips the Python check (the check is a
@@ -10,24 +13,25 @@
 //         a pair of tensors), 's' a scalar. A tensor code in upper case also reads requires_grad
 //         (differentiable ops: whether a call must go through autograd).
 //   pin:  the pinned backend (str or None), carried in the key as is.
-//   The key is (pin, metadata bytes, scalar values...). The bytes hold, per tensor, its dtype
-//   object's address (dtypes are immortal singletons), device type and index, requires_grad, the
-//   contiguity flag where asked, the number of dims and every size; per scalar, a type code (so
-//   True and 1, or 1 and 1.0, never share a key). None is returned, and the caller runs its
-//   check as before, for anything this does not read exactly: tensor subclasses other than
-//   nn.Parameter (they may override the getters), symbolic sizes, scalars of other types.
+//   The key is (pin, metadata bytes, scalar values...). The bytes hold, per tensor, its dtype,
+//   device type and index, requires_grad and the contiguity flag where asked, the number of dims
+//   and every size; per scalar, a type code (so True and 1, or 1 and 1.0, never share a key).
+//   None is returned, and the caller runs its check as before, for anything this does not read
+//   exactly: tensor subclasses other than nn.Parameter (they may override the getters),
+//   symbolic sizes, scalars of other types.
 //
-// Tensor metadata is read from the TensorImpl itself where this build has the tensor reader and
-// it passed its checks at import (csrc/bindings_tensor_reader.h, ~20 ns a tensor); otherwise
-// through torch.Tensor's own C getters (the ones `t.shape`, `t.dtype`, `t.device` and
-// `t.requires_grad` run, ~300 ns a tensor), resolved once at import, with a torch.device's type
-// and index read from the object (THPDevice: PyObject_HEAD, then c10::Device {int8 type, int8
-// index}), a layout checked at import against devices of known type and index. If neither
-// resolves and checks, call_key always returns None: slower, never wrong.
+// Tensors are read from the TensorImpl itself where glm5_hal._tensor_reader is built and passed
+// its checks at import (bindings_tensor_reader.h, ~20 ns a tensor); otherwise through
+// torch.Tensor's own C getters (the ones `t.shape`, `t.dtype`, `t.device` and `t.requires_grad`
+// run, ~300 ns a tensor), resolved once at import, with a torch.device's type and index read from
+// the object (THPDevice: PyObject_HEAD, then c10::Device {int8 type, int8 index}), a layout
+// checked at import against devices of known type and index. If neither resolves and checks,
+// call_key always returns None and host_tensor false: slower, never wrong.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
 #include "bindings_tensor_reader.h"
+#include "bindings_tensors.h"
 
 #include <cstdint>
 #include <cstring>
@@ -38,6 +42,8 @@ namespace {
 
 struct Readers {
   bool ok = false;
+  int8_t cpu_type = 0;                    // torch.device("cpu")'s type byte
+  PyObject *int32 = nullptr, *int64 = nullptr;  // torch.int32, torch.int64
   const glm5_bindings::TensorReaderApi* direct = nullptr;  // the tensor reader, where it serves
   PyTypeObject *tensor = nullptr, *parameter = nullptr, *dtype = nullptr;
   PyGetSetDef *shape = nullptr, *dtype_get = nullptr, *device = nullptr, *requires_grad = nullptr;
@@ -45,7 +51,7 @@ struct Readers {
   PyObject* no_args = nullptr;
 };
 Readers r;
-bool getters_only = false;  // call_key_use_getters (tests)
+bool getters_only = false;  // _C.read_through_getters (tests)
 
 struct DeviceObject {  // THPDevice's layout, checked at import (device_layout_ok)
   PyObject_HEAD
@@ -151,7 +157,15 @@ void init_readers() {
   x.requires_grad = getset(tensor, "requires_grad");
   PyMethodDef* contiguous = method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
-  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && x.no_args && device_layout_ok(torch)) {
+  x.int32 = borrowed_type(torch, "int32");   // kept for the module's lifetime
+  x.int64 = borrowed_type(torch, "int64");
+  PyObject* cpu = PyObject_CallMethod(torch, "device", "s", "cpu");
+  int8_t cpu_index = 0;
+  const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
+  Py_XDECREF(cpu);
+  PyErr_Clear();
+  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && x.no_args && x.int32 && x.int64 &&
+      cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
     x.ok = true;
   }
@@ -303,20 +317,66 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return key;
 }
 
+}  // namespace
+
+namespace glm5_bindings {
+
+bool host_tensor(PyObject* t, HostData& out) {
+  if (!r.ok || (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter)) return false;
+  if (r.direct && !getters_only) return r.direct->host(t, &out);
+  Ref device(r.device->get(t, r.device->closure));
+  Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
+  Ref shape(r.shape->get(t, r.shape->closure));
+  Ref contiguous(r.is_contiguous(t, r.no_args, nullptr));
+  int8_t type, index;
+  if (!device.p || !dtype.p || !shape.p || !contiguous.p || !PyTuple_Check(shape.p) ||
+      !read_device(device.p, type, index) || type != r.cpu_type || contiguous.p != Py_True ||
+      PyTuple_GET_SIZE(shape.p) > kHostMaxDims) {
+    PyErr_Clear();
+    return false;
+  }
+  out.int_bytes = dtype.p == r.int32 ? 4 : dtype.p == r.int64 ? 8 : 0;
+  out.ndim = PyTuple_GET_SIZE(shape.p);
+  out.numel = 1;
+  for (int64_t d = 0; d < out.ndim; ++d) {
+    PyObject* size = PyTuple_GET_ITEM(shape.p, d);
+    out.sizes[d] = PyLong_CheckExact(size) ? PyLong_AsLongLong(size) : -1;
+    if (out.sizes[d] < 0) {
+      PyErr_Clear();
+      return false;
+    }
+    out.numel *= out.sizes[d];
+  }
+  out.data = nullptr;
+  if (out.numel) {
+    Ref pointer(PyObject_CallMethod(t, "data_ptr", nullptr));
+    out.data = pointer.p ? PyLong_AsVoidPtr(pointer.p) : nullptr;
+    if (!out.data) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace glm5_bindings
+
+namespace {
+
 PyMethodDef methods[] = {
     {"call_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call_key)), METH_FASTCALL,
      "call_key(plan, pin, *args): the metadata an op's check reads, as one hashable key, or None "
-     "(csrc/bindings_call_key.cpp)"},
+     "(csrc/bindings_tensors.cpp)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 
-// Called from glm5_hal._C's module init (csrc/bindings.cpp).
-void glm5_bind_call_key(pybind11::module_& m) {
+void glm5_bind_tensor_reading(pybind11::module_& m) {
   init_readers();
   if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw pybind11::error_already_set();
-  m.def("call_key_reader", [] { return std::string(!r.ok ? "" : r.direct && !getters_only ? "tensor reader" : "getters"); },
-        "how call_key reads tensors: 'tensor reader', 'getters', or '' (it always returns None)");
-  m.def("call_key_use_getters", [](bool on) { getters_only = on; },
-        "tests: read through the getters even where the tensor reader serves (False: back)");
+  m.def("tensor_reading", [] { return std::string(!r.ok ? "" : r.direct && !getters_only ? "tensor reader" : "getters"); },
+        "how call_key and the value checks read tensors: 'tensor reader', 'getters', or '' (call_key "
+        "always returns None, the value checks always decline)");
+  m.def("read_through_getters", [](bool on) { getters_only = on; },
+        "tests: read tensors through the getters even where the tensor reader serves (False: back)");
 }

@@ -1,0 +1,24 @@
+// How glm5_hal._C reads torch tensors without building Python objects for each attribute
+// (csrc/bindings_tensors.cpp): _C.call_key for dispatch, host_tensor for the value checks.
+#pragma once
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include "bindings_tensor_reader.h"
+
+namespace glm5_bindings {
+
+// The elements of `t` if it is an exact torch.Tensor or nn.Parameter on the CPU, contiguous,
+// of at most kHostMaxDims dims; false (and the caller takes its torch path) otherwise. Read
+// through the tensor reader where it serves, else through torch's getters.
+bool host_tensor(PyObject* t, HostData& out);
+
+}  // namespace glm5_bindings
+
+// Adds call_key, tensor_reading and read_through_getters to glm5_hal._C (its module init, after
+// torch is imported).
+void glm5_bind_tensor_reading(pybind11::module_& m);
+
+// Adds the value checks taking tensors (csrc/bindings_value_checks.cpp) to glm5_hal._C.
+void glm5_bind_value_checks(pybind11::module_& m);
