@@ -121,8 +121,17 @@ def test_dispatch_section_rows():
     rows = dispatch.measure(["rms_norm", "kv_cache_write"], repeats=1, min_time=0.001)
     assert [r["op"] for r in rows] == ["rms_norm", "kv_cache_write"]
     assert rows[0]["chosen"] == "cpu.rms_norm" and rows[1]["chosen"] == "cpu.kv_cache_write"
-    assert all(r["direct_us"] > 0 and r["hal_us"] > 0 for r in rows)
-    assert "overhead us" in dispatch.format_rows(rows)
+    assert all(r["direct_us"] > 0 and r["hal_us"] > 0 and r["stub_overhead_us"] == r["stub_overhead_us"]
+               for r in rows)
+    assert [r["value_checks_us"] for r in rows] == [0.0, 0.0]   # the cpu kernels validate indices
+    assert "overhead us" in dispatch.format_rows(rows) and "stub us" in dispatch.format_rows(rows)
+    assert dispatch.STUB not in {b.name for b in hal.backends()}   # the stub backend is gone again
+
+
+def test_dispatch_section_pinned_to_the_reference_times_the_value_checks():
+    rows = dispatch.measure(["rms_norm", "kv_cache_write"], backend="reference", repeats=1, min_time=0.001)
+    assert [r["chosen"] for r in rows] == ["reference.rms_norm", "reference.kv_cache_write"]
+    assert rows[0]["value_checks_us"] == 0.0 and rows[1]["value_checks_us"] > 0
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,20 @@ not validate indices itself, the op's data-dependent value checks, which are als
 their own ("value checks us": what a caller of the bare implementation would have to run for
 the op's guarantees). Measured on the default path and pinned (`hal.use(<the chosen
 backend>)`), in interleaved batches with the direct call; each overhead is the median over the
-rounds of the per-round difference. `torch.ops` is the same call through the torch custom op,
-for comparison."""
+rounds of the per-round difference. A difference of two calls of tens to hundreds of
+microseconds still moves by a few on a loaded machine, so the HAL's own cost is also measured
+without a kernel: pinned to a stub backend whose implementations return at once and leave the
+value checks to dispatch ("stub us", the most a pinned call can add: every check, no kernel).
+`torch.ops` is the same call through the torch custom op, for comparison."""
 from __future__ import annotations
 
 import statistics
+import types
 
 import torch
 
 import glm5_hal as hal
+from glm5_hal.backend import Backend, Capabilities
 
 from .timing import paired_difference, paired_samples
 
@@ -32,9 +37,56 @@ def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return [_measure_op(op, by_op[op].make(), backend, repeats, min_time) for op in wanted]
+        inputs = {op: by_op[op].make() for op in wanted}
+        rows = [_measure_op(op, inputs[op], backend, repeats, min_time) for op in wanted]
+        stub = _stub_overheads(inputs, repeats, min_time)
+        for row in rows:
+            row["stub_overhead_us"] = stub[row["op"]]
+        return rows
     finally:
         torch.set_num_threads(threads)
+
+
+STUB = "dispatch_stub"
+
+
+def _stub_overheads(inputs: dict[str, tuple], repeats: int, min_time: float) -> dict[str, float]:
+    """Per op, microseconds a call through glm5_hal.ops pinned to a stub backend adds over a
+    direct call of the stub (which returns None at once): the call key, the decision lookup
+    and the value checks (the stub does not validate values), with no kernel time to blur it."""
+    from ..opdef import lookup
+
+    class DispatchStub(Backend):
+        name, device_type, priority = STUB, "cpu", -10**6
+
+        def capabilities(self) -> Capabilities:   # every dtype: the stub serves every key
+            return Capabilities(dtypes=frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype)))
+
+    stub = DispatchStub()
+    for op in inputs:
+        signature = lookup(op).signature
+
+        def returns(*args):
+            return None
+        returns.__signature__ = signature
+        stub.impl(op)(returns)
+    plugin = types.ModuleType(STUB)
+    plugin.glm5_hal_register_backends = hal.hookimpl(lambda register: register(stub))
+    hal.load_plugin(plugin, STUB)
+    try:
+        out = {}
+        with hal.use(STUB):
+            for op, args in inputs.items():
+                public, direct = lookup(op).public, stub.impls[op].fn
+                explained = hal.explain(op, *args)
+                if explained.chosen != f"{STUB}.{op}":
+                    raise AssertionError(f"the dispatch stub is not chosen:\n{explained}")
+                samples = paired_samples([lambda: direct(*args), lambda: public(*args)],
+                                         repeats=repeats, min_time=min_time / 4)
+                out[op] = paired_difference(samples, 1, 0) * 1e6
+        return out
+    finally:
+        hal.unload_plugin(STUB)
 
 
 def _measure_op(op_name: str, args: tuple, backend: str | None, repeats: int, min_time: float) -> dict:
@@ -72,9 +124,9 @@ class _no_pin:
 
 def format_rows(rows: list[dict]) -> str:
     lines = [f"{'op':<24} {'implementation':<32} {'direct us':>10} {'hal.ops us':>11} "
-             f"{'overhead us':>12} {'pinned us':>10} {'value checks us':>16} {'torch.ops us':>13}"]
+             f"{'overhead us':>12} {'pinned us':>10} {'value checks us':>16} {'stub us':>8} {'torch.ops us':>13}"]
     for r in rows:
         lines.append(f"{r['op']:<24} {r['chosen']:<32} {r['direct_us']:>10.2f} {r['hal_us']:>11.2f} "
                      f"{r['overhead_us']:>12.2f} {r['pinned_overhead_us']:>10.2f} "
-                     f"{r['value_checks_us']:>16.2f} {r['torch_ops_us']:>13.2f}")
+                     f"{r['value_checks_us']:>16.2f} {r['stub_overhead_us']:>8.2f} {r['torch_ops_us']:>13.2f}")
     return "\n".join(lines)
