@@ -71,20 +71,8 @@ struct Accessors {
 Accessors fast;
 
 void init_accessors(PyObject* tensor_type) {
-  auto method = [&](const char* name, int flags) -> PyMethodDef* {
-    py::object d = py::reinterpret_steal<py::object>(PyObject_GetAttrString(tensor_type, name));
-    if (!d) PyErr_Clear();
-    if (!d || !Py_IS_TYPE(d.ptr(), &PyMethodDescr_Type)) return nullptr;
-    PyMethodDef* def = reinterpret_cast<PyMethodDescrObject*>(d.ptr())->d_method;
-    return def->ml_flags == flags ? def : nullptr;
-  };
-  auto getset = [&](const char* name) -> PyGetSetDef* {
-    py::object d = py::reinterpret_steal<py::object>(PyObject_GetAttrString(tensor_type, name));
-    if (!d) PyErr_Clear();
-    if (!d || !Py_IS_TYPE(d.ptr(), &PyGetSetDescr_Type)) return nullptr;
-    PyGetSetDef* def = reinterpret_cast<PyGetSetDescrObject*>(d.ptr())->d_getset;
-    return def->get ? def : nullptr;
-  };
+  auto method = [&](const char* name, int flags) { return glm5_bindings::c_method(tensor_type, name, flags); };
+  auto getset = [&](const char* name) { return glm5_bindings::c_getset(tensor_type, name); };
   PyMethodDef* data_ptr = method("data_ptr", METH_NOARGS);
   PyMethodDef* stride = method("stride", METH_VARARGS | METH_KEYWORDS);
   PyGetSetDef* shape = getset("shape");

@@ -59,27 +59,39 @@ struct DeviceObject {  // THPDevice's layout, checked at import (device_layout_o
   int8_t index;
 };
 
-PyGetSetDef* getset(PyObject* type, const char* name) {
+// `type`'s attribute `name` if it is a descriptor of `kind` (a C getter or a C method; anything
+// defined in Python is not), else null.
+PyObject* descriptor(PyObject* type, const char* name, PyTypeObject* kind) {
   PyObject* d = PyObject_GetAttrString(type, name);
-  if (!d) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  PyGetSetDef* def = Py_IS_TYPE(d, &PyGetSetDescr_Type) ? reinterpret_cast<PyGetSetDescrObject*>(d)->d_getset : nullptr;
-  Py_DECREF(d);
+  if (!d) PyErr_Clear();
+  if (d && !Py_IS_TYPE(d, kind)) Py_CLEAR(d);
+  return d;  // the type keeps it alive
+}
+
+}  // namespace
+
+namespace glm5_bindings {
+
+PyGetSetDef* c_getset(PyObject* type, const char* name) {
+  PyObject* d = descriptor(type, name, &PyGetSetDescr_Type);
+  PyGetSetDef* def = d ? reinterpret_cast<PyGetSetDescrObject*>(d)->d_getset : nullptr;
+  Py_XDECREF(d);
   return def && def->get ? def : nullptr;
 }
 
-PyMethodDef* method(PyObject* type, const char* name, int flags) {
-  PyObject* d = PyObject_GetAttrString(type, name);
-  if (!d) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  PyMethodDef* def = Py_IS_TYPE(d, &PyMethodDescr_Type) ? reinterpret_cast<PyMethodDescrObject*>(d)->d_method : nullptr;
-  Py_DECREF(d);
+PyMethodDef* c_method(PyObject* type, const char* name, int flags) {
+  PyObject* d = descriptor(type, name, &PyMethodDescr_Type);
+  PyMethodDef* def = d ? reinterpret_cast<PyMethodDescrObject*>(d)->d_method : nullptr;
+  Py_XDECREF(d);
   return def && def->ml_flags == flags ? def : nullptr;
 }
+
+}  // namespace glm5_bindings
+
+namespace {
+
+using glm5_bindings::c_getset;
+using glm5_bindings::c_method;
 
 // The device object's (type, index) as read through the layout, or false.
 bool read_device(PyObject* device, int8_t& type, int8_t& index) {
@@ -151,11 +163,11 @@ void init_readers() {
   x.parameter = reinterpret_cast<PyTypeObject*>(parameter);
   x.dtype = Py_TYPE(f32);
   Py_DECREF(f32);
-  x.shape = getset(tensor, "shape");
-  x.dtype_get = getset(tensor, "dtype");
-  x.device = getset(tensor, "device");
-  x.requires_grad = getset(tensor, "requires_grad");
-  PyMethodDef* contiguous = method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
+  x.shape = c_getset(tensor, "shape");
+  x.dtype_get = c_getset(tensor, "dtype");
+  x.device = c_getset(tensor, "device");
+  x.requires_grad = c_getset(tensor, "requires_grad");
+  PyMethodDef* contiguous = c_method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
   x.int32 = borrowed_type(torch, "int32");   // kept for the module's lifetime
   x.int64 = borrowed_type(torch, "int64");

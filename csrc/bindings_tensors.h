@@ -9,6 +9,11 @@
 
 namespace glm5_bindings {
 
+// `type`'s own C getter `name` (a PyGetSetDef with a getter), or null.
+PyGetSetDef* c_getset(PyObject* type, const char* name);
+// `type`'s own C method `name` of calling convention `flags`, or null.
+PyMethodDef* c_method(PyObject* type, const char* name, int flags);
+
 // The elements of `t` if it is an exact torch.Tensor or nn.Parameter on the CPU, contiguous,
 // of at most kHostMaxDims dims; false (and the caller takes its torch path) otherwise. Read
 // through the tensor reader where it serves, else through torch's getters.
