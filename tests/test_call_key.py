@@ -171,3 +171,15 @@ def test_pinned_calls_are_keyed_apart(reader):
         torch.testing.assert_close(hal.ops.rms_norm(x, w, 1e-6), expected)
     pins = {k[0] for k in opdef.lookup("rms_norm")._passed}
     assert {None, "reference"} <= pins
+
+
+def test_the_torch_custom_op_remembers_calls_too(reader):
+    op = opdef.lookup("kv_cache_write")
+    op.clear()
+    cache, values = torch.zeros(2, 4, 8), torch.ones(2, 8)
+    torch.ops.glm5_hal.kv_cache_write(cache, values, torch.tensor([0, 5]))
+    assert len(op._passed) == 1 and cache.view(-1, 8)[5].eq(1).all()
+    with pytest.raises(InvalidInputError, match="slot_mapping"):
+        torch.ops.glm5_hal.kv_cache_write(cache, values, torch.tensor([0, 8]))
+    with pytest.raises(InvalidInputError, match="values"):
+        torch.ops.glm5_hal.kv_cache_write(cache, torch.ones(2, 4), torch.tensor([0, 1]))

@@ -218,32 +218,28 @@ class Op:
         if c.plan is not None and _call_key is not None:
             # a call whose metadata (its call key) passed the check before skips it (see _admit)
             plan = c.plan.upper() if self.differentiable else c.plan
-            public = [*head,
-                      f"    _hit = _passed_get(_call_key({plan!r}, _pin(), {params}))",
-                      "    if _hit is None:",
-                      f"        _hit = _admit({params})",
-                      "    _key, _needs_grad = _hit",
-                      *([f"    if _needs_grad and _grad_enabled():",
-                         f"        return _via_torch({params})"] if self.differentiable else []),
-                      *decide,
-                      "",
-                      f"def _admit({params}):",
-                      *body,
-                      f"    _key = {key}",
-                      f"    _hit = (_key, {needs_grad or 'False'})",
-                      f"    _remember(_call_key({plan!r}, _key[2], {params}), _hit)",
-                      "    return _hit"]
+            checked = [f"    _hit = _passed_get(_call_key({plan!r}, _pin(), {params}))",
+                       "    if _hit is None:",
+                       f"        _hit = _admit({params})",
+                       "    _key, _needs_grad = _hit"]
+            grad = ["    if _needs_grad and _grad_enabled():", f"        return _via_torch({params})"]
+            admit = ["", f"def _admit({params}):", *body,
+                     f"    _key = {key}",
+                     f"    _hit = (_key, {needs_grad or 'False'})",
+                     f"    _remember(_call_key({plan!r}, _key[2], {params}), _hit)",
+                     "    return _hit"]
         else:
-            grad = ([f"    if _grad_enabled() and ({needs_grad}):", f"        return _via_torch({params})"]
-                    if self.differentiable else [])
-            public = [*head, *body, *grad, f"    _key = {key}", *decide]
+            checked = [*body, f"    _key = {key}"]
+            grad = [f"    if _grad_enabled() and ({needs_grad}):", f"        return _via_torch({params})"]
+            admit = []
         source = "\n".join([
             f"def check({params}):", *body, f"    return {_key_without_pin(key)}",
             "",
-            *public,
+            *head, *checked, *(grad if self.differentiable else []), *decide,
+            *admit,
             "",
-            f"def kernel({flat}):",
-            *join, *body, f"    _key = {key}", *decide,
+            f"def kernel({flat}):",   # the torch custom op's kernel: autograd is torch's there
+            *join, *checked, *decide,
         ])
         ns = dict(c.namespace)
         ns.update(_is_compiling=torch.compiler.is_compiling, _grad_enabled=torch.is_grad_enabled,
