@@ -121,7 +121,8 @@ bool device_layout_ok(PyObject* torch) {
   }
 }
 
-PyObject* borrowed_type(PyObject* module, const char* path1, const char* path2 = nullptr) {
+// module.path1[.path2], a new reference (or null with the error set).
+PyObject* attribute(PyObject* module, const char* path1, const char* path2 = nullptr) {
   PyObject* a = PyObject_GetAttrString(module, path1);
   if (!a || !path2) return a;
   PyObject* b = PyObject_GetAttrString(a, path2);
@@ -147,9 +148,9 @@ void init_readers() {
     PyErr_Clear();
     return;
   }
-  PyObject* tensor = borrowed_type(torch, "Tensor");
-  PyObject* parameter = borrowed_type(torch, "nn", "Parameter");
-  PyObject* f32 = borrowed_type(torch, "float32");
+  PyObject* tensor = attribute(torch, "Tensor");
+  PyObject* parameter = attribute(torch, "nn", "Parameter");
+  PyObject* f32 = attribute(torch, "float32");
   if (!tensor || !parameter || !f32) {
     PyErr_Clear();
     Py_XDECREF(tensor);
@@ -169,8 +170,8 @@ void init_readers() {
   x.requires_grad = c_getset(tensor, "requires_grad");
   PyMethodDef* contiguous = c_method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
-  x.int32 = borrowed_type(torch, "int32");   // kept for the module's lifetime
-  x.int64 = borrowed_type(torch, "int64");
+  x.int32 = attribute(torch, "int32");   // kept for the module's lifetime
+  x.int64 = attribute(torch, "int64");
   PyObject* cpu = PyObject_CallMethod(torch, "device", "s", "cpu");
   int8_t cpu_index = 0;
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
