@@ -172,12 +172,19 @@ bool host_data(PyObject* t, HostData* out) {
     const c10::IntArrayRef sizes = impl->sizes();
     if (sizes.size() > static_cast<size_t>(kHostMaxDims)) return false;
     out->numel = impl->numel();
-    out->data = out->numel ? impl->data() : nullptr;
+    out->data = nullptr;
+    if (out->numel) {
+      // data() trusts the storage: a tensor without one, or whose storage holds no memory (a
+      // functional wrapper under torch.func.functionalize, a freed one), has nothing to scan
+      if (!impl->has_storage() || !impl->storage_initialized()) return false;
+      out->data = impl->data();
+      if (!out->data) return false;
+    }
     const c10::ScalarType dtype = impl->dtype().toScalarType();
     out->int_bytes = dtype == c10::ScalarType::Int ? 4 : dtype == c10::ScalarType::Long ? 8 : 0;
     out->ndim = static_cast<int64_t>(sizes.size());
     std::copy(sizes.begin(), sizes.end(), out->sizes);
-  } catch (...) {  // no storage, an uninitialized one, or no device
+  } catch (...) {  // no device, or sizes or a dtype this tensor does not have
     return false;
   }
   return true;

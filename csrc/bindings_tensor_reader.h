@@ -48,7 +48,7 @@ struct TensorReaderApi {
   // when asked (false otherwise).
   bool (*read)(PyObject* t, bool contiguity, bool grad, TensorMeta* out);
   // The elements of `t` (same caller's type check) if it is a contiguous CPU tensor of at most
-  // kHostMaxDims dims with initialized storage; false otherwise.
+  // kHostMaxDims dims whose storage holds its memory; false otherwise.
   bool (*host)(PyObject* t, HostData* out);
 };
 constexpr int kTensorReaderAbi = 2;

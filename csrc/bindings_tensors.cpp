@@ -48,7 +48,12 @@ struct Readers {
   PyTypeObject *tensor = nullptr, *parameter = nullptr, *dtype = nullptr;
   PyGetSetDef *shape = nullptr, *dtype_get = nullptr, *device = nullptr, *requires_grad = nullptr;
   PyCFunctionWithKeywords is_contiguous = nullptr;
+  PyCFunction data_ptr = nullptr;
   PyObject* no_args = nullptr;
+  PyTypeObject* device_type = nullptr;  // torch.device
+  // torch._C._is_torch_function_mode_enabled: the getters answer through an active mode, so
+  // the getters path declines while one is
+  PyObject* function_mode = nullptr;
 };
 Readers r;
 bool getters_only = false;  // _C.read_through_getters (tests)
@@ -95,7 +100,9 @@ using glm5_bindings::c_method;
 
 // The device object's (type, index) as read through the layout, or false.
 bool read_device(PyObject* device, int8_t& type, int8_t& index) {
-  if (Py_TYPE(device)->tp_basicsize < static_cast<Py_ssize_t>(sizeof(DeviceObject))) return false;
+  if ((r.device_type && Py_TYPE(device) != r.device_type) ||
+      Py_TYPE(device)->tp_basicsize < static_cast<Py_ssize_t>(sizeof(DeviceObject)))
+    return false;
   const auto* d = reinterpret_cast<const DeviceObject*>(device);
   type = d->type;
   index = d->index;
@@ -170,16 +177,23 @@ void init_readers() {
   x.requires_grad = c_getset(tensor, "requires_grad");
   PyMethodDef* contiguous = c_method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
+  PyMethodDef* data_ptr = c_method(tensor, "data_ptr", METH_NOARGS);
   x.int32 = attribute(torch, "int32");   // kept for the module's lifetime
+  PyErr_Clear();
   x.int64 = attribute(torch, "int64");
+  PyErr_Clear();
+  x.function_mode = attribute(torch, "_C", "_is_torch_function_mode_enabled");
+  PyErr_Clear();
   PyObject* cpu = PyObject_CallMethod(torch, "device", "s", "cpu");
+  PyErr_Clear();
+  if (cpu) x.device_type = Py_TYPE(cpu);   // a type object lives as long as torch
   int8_t cpu_index = 0;
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
-  PyErr_Clear();
-  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && x.no_args && x.int32 && x.int64 &&
-      cpu_read && device_layout_ok(torch)) {
+  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && data_ptr && x.no_args && x.int32 &&
+      x.int64 && x.function_mode && cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
+    x.data_ptr = data_ptr->ml_meth;
     x.ok = true;
   }
   x.direct = tensor_reader(torch);
@@ -196,6 +210,17 @@ struct Ref {
   Ref& operator=(const Ref&) = delete;
 };
 
+// Whether tensors are read through the getters now (no tensor reader, or the tests force it).
+bool through_getters() { return !r.direct || getters_only; }
+
+// True while a torch function mode is active (or if that cannot be told): the getters then
+// answer what the mode says, so their path declines.
+bool function_mode_active() {
+  Ref on(PyObject_CallNoArgs(r.function_mode));
+  if (!on.p) PyErr_Clear();
+  return on.p != Py_False;
+}
+
 enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtype's address, or kTensor set)
 constexpr int64_t kTensor = int64_t{1} << 56;
 enum : int64_t { kInt = 1, kFloat, kBool, kStr, kNoneScalar, kDType };
@@ -204,7 +229,7 @@ enum : int64_t { kInt = 1, kFloat, kBool, kStr, kNoneScalar, kDType };
 bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, std::vector<int64_t>& words) {
   PyTypeObject* type = Py_TYPE(t);
   if (type != r.tensor && type != r.parameter) return false;
-  if (r.direct && !getters_only) {
+  if (!through_getters()) {
     glm5_bindings::TensorMeta m;
     if (!r.direct->read(t, contiguity, grad_flag, &m)) return false;
     words.push_back(kTensor | m.ndim | m.scalar_type << 16 | static_cast<int64_t>(static_cast<uint8_t>(m.device_type)) << 32 |
@@ -267,7 +292,7 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "call_key(plan: bytes, pin, *args): one plan code per argument");
     return nullptr;
   }
-  if (!r.ok) Py_RETURN_NONE;
+  if (!r.ok || (through_getters() && function_mode_active())) Py_RETURN_NONE;
   const char* plan = PyBytes_AS_STRING(args[0]);
   const Py_ssize_t n = nargs - 2;
   std::vector<int64_t> words;
@@ -336,7 +361,8 @@ namespace glm5_bindings {
 
 bool host_tensor(PyObject* t, HostData& out) {
   if (!r.ok || (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter)) return false;
-  if (r.direct && !getters_only) return r.direct->host(t, &out);
+  if (!through_getters()) return r.direct->host(t, &out);
+  if (function_mode_active()) return false;
   Ref device(r.device->get(t, r.device->closure));
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
   Ref shape(r.shape->get(t, r.shape->closure));
@@ -362,7 +388,7 @@ bool host_tensor(PyObject* t, HostData& out) {
   }
   out.data = nullptr;
   if (out.numel) {
-    Ref pointer(PyObject_CallMethod(t, "data_ptr", nullptr));
+    Ref pointer(r.data_ptr(t, nullptr));   // the class's method: a tensor's own attribute must not answer
     out.data = pointer.p ? PyLong_AsVoidPtr(pointer.p) : nullptr;
     if (!out.data) {
       PyErr_Clear();
@@ -377,7 +403,7 @@ bool host_tensor(PyObject* t, HostData& out) {
 namespace {
 
 PyMethodDef methods[] = {
-    {"call_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call_key)), METH_FASTCALL,
+    {"call_key", glm5_bindings::fastcall<call_key>(), METH_FASTCALL,
      "call_key(plan, pin, *args): the metadata an op's check reads, as one hashable key, or None "
      "(csrc/bindings_tensors.cpp)"},
     {nullptr, nullptr, 0, nullptr}};
@@ -387,7 +413,7 @@ PyMethodDef methods[] = {
 void glm5_bind_tensor_reading(pybind11::module_& m) {
   init_readers();
   if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw pybind11::error_already_set();
-  m.def("tensor_reading", [] { return std::string(!r.ok ? "" : r.direct && !getters_only ? "tensor reader" : "getters"); },
+  m.def("tensor_reading", [] { return std::string(!r.ok ? "" : through_getters() ? "getters" : "tensor reader"); },
         "how call_key and the value checks read tensors: 'tensor reader', 'getters', or '' (call_key "
         "always returns None, the value checks always decline)");
   m.def("read_through_getters", [](bool on) { getters_only = on; },

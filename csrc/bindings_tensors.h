@@ -5,6 +5,9 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
+#include <exception>
+#include <new>
+
 #include "bindings_tensor_reader.h"
 
 namespace glm5_bindings {
@@ -18,6 +21,30 @@ PyMethodDef* c_method(PyObject* type, const char* name, int flags);
 // of at most kHostMaxDims dims; false (and the caller takes its torch path) otherwise. Read
 // through the tensor reader where it serves, else through torch's getters.
 bool host_tensor(PyObject* t, HostData& out);
+
+using FastcallBody = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
+
+// A METH_FASTCALL function running `F` with C++ exceptions turned into Python ones (MemoryError
+// for std::bad_alloc): they must never unwind through CPython's frames.
+template <FastcallBody F>
+PyObject* guarded(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    return F(self, args, nargs);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+  }
+  return nullptr;
+}
+
+// `F`, guarded, as a PyMethodDef's ml_meth (with METH_FASTCALL).
+template <FastcallBody F>
+PyCFunction fastcall() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&guarded<F>));
+}
 
 }  // namespace glm5_bindings
 

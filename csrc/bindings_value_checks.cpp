@@ -95,10 +95,7 @@ PyObject* first_bad_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(iL)", kind, static_cast<long long>(t));
 }
 
-template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
-constexpr PyCFunction fastcall() {
-  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(F));
-}
+using glm5_bindings::fastcall;
 
 PyMethodDef methods[] = {
     {"first_outside", fastcall<first_outside>(), METH_FASTCALL,

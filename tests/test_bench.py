@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -121,8 +122,7 @@ def test_dispatch_section_rows():
     rows = dispatch.measure(["rms_norm", "kv_cache_write"], repeats=1, min_time=0.001)
     assert [r["op"] for r in rows] == ["rms_norm", "kv_cache_write"]
     assert rows[0]["chosen"] == "cpu.rms_norm" and rows[1]["chosen"] == "cpu.kv_cache_write"
-    assert all(r["direct_us"] > 0 and r["hal_us"] > 0 and r["stub_overhead_us"] == r["stub_overhead_us"]
-               for r in rows)
+    assert all(r["direct_us"] > 0 and r["hal_us"] > 0 and math.isfinite(r["stub_overhead_us"]) for r in rows)
     assert [r["value_checks_us"] for r in rows] == [0.0, 0.0]   # the cpu kernels validate indices
     assert "overhead us" in dispatch.format_rows(rows) and "stub us" in dispatch.format_rows(rows)
     assert dispatch.STUB not in {b.name for b in hal.backends()}   # the stub backend is gone again

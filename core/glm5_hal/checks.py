@@ -122,12 +122,12 @@ def first_outside(t: torch.Tensor, low: int, high: int, allowed: int | None = No
     # a bound outside the dtype's range would wrap in the comparison (2**31 as int32 is -2**31)
     info = torch.iinfo(t.dtype)
     bad = torch.zeros(t.shape, dtype=torch.bool, device=t.device)
-    if low > info.min:
-        bad |= t < low
+    if low > info.min:   # out of place throughout: this also runs under torch.func transforms
+        bad = bad | (t < low)
     if high <= info.max:
-        bad |= t >= high
+        bad = bad | (t >= high)
     if allowed is not None:
-        bad &= t != allowed
+        bad = bad & (t != allowed)
     hit = bad.flatten().nonzero()
     return int(hit[0, 0]) if hit.numel() else -1
 

@@ -282,7 +282,8 @@ class _Compiler:
         self.dtype(name, var, spec.dtypes, depth)
         self.device_of(name, var, depth)
         if spec.contiguous:
-            self.emit(f"if not {var}.is_contiguous():", depth)
+            # the class's method: an attribute set on the tensor must not answer for it
+            self.emit(f"if not _Tensor.is_contiguous({var}):", depth)
             self.emit(f"_fail({name!r}, 'a contiguous tensor', 'strides %s for shape %s' "
                       f"% (list({var}.stride()), list(_s_{name})))", depth + 1)
         self.dims(name, spec.shape, depth, spec.layout)

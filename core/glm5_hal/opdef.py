@@ -47,6 +47,7 @@ except ImportError:   # a source tree without the native extension: every call r
 
 #: call keys remembered per op (Op._remember)
 _PASSED_LIMIT = 1024
+_torch_function_mode = torch._C._is_torch_function_mode_enabled
 
 _PIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("glm5_hal_pin", default=None)
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
@@ -260,7 +261,9 @@ class Op:
         """Keeps `hit` (the decision key and whether the call needs autograd) for calls with
         this call key, which passed the check. Bounded: shapes that change every call (a
         growing context) start it over rather than grow it."""
-        if call_key is None:
+        if call_key is None or _torch_function_mode():
+            # under a torch function mode the check read what the mode answered for the
+            # tensors, which the key (read from the tensors themselves) need not match
             return
         if len(self._passed) >= _PASSED_LIMIT:
             self._passed.clear()
