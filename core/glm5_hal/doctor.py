@@ -138,12 +138,18 @@ def diagnose() -> dict:
         "nvcc": shutil.which("nvcc"), "cmake": shutil.which("cmake"),
         "c++": shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"),
     }
-    native = _run("import json, glm5_hal._C as c; print(json.dumps({'openmp': c.has_openmp}))",
+    native = _run("import json, glm5_hal._C as c; "
+                  "print(json.dumps({'openmp': c.has_openmp, 'tensor_reading': c.tensor_reading()}))",
                   extra_env)
     report["native_extension"] = native.data if native.ok else {"error": native.error}
     if not native.ok and torch_probe.ok:
         findings.append(f"the native extension glm5_hal._C does not import ({native.error}); "
                         f"reinstall glm5_hal (`pip install -e .`) so the cpu backend is available.")
+    elif native.ok and native.data.get("tensor_reading") != "tensor reader":
+        findings.append("dispatch reads tensor metadata through torch's Python getters (about 0.3 us "
+                        "more per tensor argument and call): glm5_hal._tensor_reader is not built or "
+                        "does not serve this torch; reinstall glm5_hal with torch installed "
+                        "(`pip install --no-build-isolation -e .`) against the torch you run.")
 
     if report["torch"].get("version"):
         backends = _run(_BACKENDS_PROBE, extra_env)
@@ -175,7 +181,8 @@ def format_report(report: dict) -> str:
     if report["glm5_hal_env"]:
         out.append("settings    " + " ".join(f"{k}={v}" for k, v in report["glm5_hal_env"].items()))
     native = report["native_extension"]
-    out.append("native      " + (f"glm5_hal._C ok (OpenMP {'on' if native.get('openmp') else 'off'})"
+    out.append("native      " + (f"glm5_hal._C ok (OpenMP {'on' if native.get('openmp') else 'off'}, "
+                                  f"tensors read through the {native.get('tensor_reading') or 'nothing'})"
                                  if "error" not in native else f"glm5_hal._C missing: {native['error']}"))
     out.append("")
     out.append(f"{'vendor':<10} {'bridge':<22} {'toolchain':<28} {'device tool':<14} dist")
