@@ -47,7 +47,8 @@ def _check_paging_values(op: str, cache: torch.Tensor, block_table: torch.Tensor
                          context_lens: torch.Tensor) -> None:
     """context_lens[b] fits the block table, and the block ids holding [0, context_lens[b])
     name existing blocks; entries past the used blocks are padding and never read."""
-    num_blocks, block_size = cache.shape[0], cache.shape[1]
+    shape = cache.shape   # each .shape read builds a torch.Size: once
+    num_blocks, block_size = shape[0], shape[1]
     max_blocks = block_table.shape[1]
     capacity = max_blocks * block_size
     b = C.first_outside(context_lens, 0, capacity + 1)

@@ -19,6 +19,11 @@ CACHE_DTYPES = (*FLOAT, FP8)
 SCALE_FMTS = (None, "ue8m0")
 
 
+def _slot_count(cache: torch.Tensor) -> int:
+    shape = cache.shape   # each .shape read builds a torch.Size: once
+    return shape[0] * shape[1]
+
+
 def _check_slot_values(op: str, slot_mapping: torch.Tensor, num_slots: int) -> None:
     C.index_range(op, "slot_mapping", slot_mapping, 0, num_slots, allow=(-1,))
     # Two tokens writing one slot would make the result depend on write order, which
@@ -33,7 +38,7 @@ kv_cache_write = define(
     args=dict(cache=Tensor("num_blocks, block_size, D", CACHE_DTYPES, contiguous=True),
               values=Tensor("T, D", "cache"), slot_mapping=Tensor("T", SLOT_DTYPES)),
     check_values=lambda cache, values, slot_mapping: _check_slot_values(
-        "kv_cache_write", slot_mapping, cache.shape[0] * cache.shape[1]),
+        "kv_cache_write", slot_mapping, _slot_count(cache)),
     fake=lambda cache, values, slot_mapping: None,
     mutates=("cache",),
     doc="""Writes token rows into cache slots, in place.
@@ -53,7 +58,7 @@ indexer_k_cache_write = define(
               slot_mapping=Tensor("T", SLOT_DTYPES), scale_fmt=Choice(SCALE_FMTS)),
     rules=[Rule("k", "D >= 1", "shape [T, D] with D >= 1")],
     check_values=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: _check_slot_values(
-        "indexer_k_cache_write", slot_mapping, k_cache.shape[0] * k_cache.shape[1]),
+        "indexer_k_cache_write", slot_mapping, _slot_count(k_cache)),
     fake=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: None,
     mutates=("k_cache", "k_scale"),
     doc="""FP8-quantizes indexer keys (one scale per row) and writes them into a paged cache.
@@ -72,7 +77,8 @@ indexer_k_cache_write = define(
 
 def _check_kv_cache_gather_values(cache, block_table, context_lens):
     op = "kv_cache_gather"
-    num_blocks, block_size = cache.shape[0], cache.shape[1]
+    shape = cache.shape
+    num_blocks, block_size = shape[0], shape[1]
     C.index_range(op, "context_lens", context_lens, 0, block_table.shape[1] * block_size + 1)
     bad = C.first_bad_block(block_table, context_lens, block_size, num_blocks)
     if bad is not None:

@@ -76,7 +76,8 @@ moe_permute = define(
 
 
 def _check_moe_unpermute_values(y, src, weights):
-    C.index_range("moe_unpermute", "src", src, 0, weights.shape[0] * weights.shape[1])
+    tokens, k = weights.shape
+    C.index_range("moe_unpermute", "src", src, 0, tokens * k)
 
 
 moe_unpermute = define(
