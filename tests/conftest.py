@@ -24,6 +24,16 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 
 @pytest.fixture
+def one_thread():
+    """torch at one thread for the test: small model-level matrices gain nothing from intra-op
+    threads, and threads per pytest-xdist worker oversubscribe a small machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def hal_state(monkeypatch):
     """Isolates HAL plugin state: run-time plugins loaded by the test are unloaded and
     GLM5_HAL_* variables restored afterwards. Yields a `load(plugin, name)` function."""

@@ -24,7 +24,8 @@ from conftest import run_python
 transformers = pytest.importorskip("transformers")
 from glm5_hal.integrations import transformers as hal_transformers  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning"),
+              pytest.mark.usefixtures("one_thread")]
 
 TINY_HF = dict(
     vocab_size=512, hidden_size=256, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
@@ -37,12 +38,6 @@ SHARED = ["full", "shared", "shared", "full"]       # layers 1, 2 reuse layer 0'
 PROMPT = 20                                          # > index_topk = 8: the indexer really selects
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def hf_config(indexer_types=SHARED, **overrides):

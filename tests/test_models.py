@@ -20,7 +20,11 @@ from glm5_hal import cli
 from glm5_hal.kv import OutOfBlocksError
 from glm5_hal.models import GLM5Cache, GLM5Config, GLM5ForCausalLM, LayerCache, record_ops
 
-pytestmark = pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning")
+# one thread (conftest): the tiny model's matrices are too small to gain from intra-op threads,
+# and two threads per pytest-xdist worker oversubscribe a small machine (measured here: 6 ms per
+# decode step with one thread, 240 ms with two while other work shares the cores)
+pytestmark = [pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning"),
+              pytest.mark.usefixtures("one_thread")]
 
 TINY = GLM5Config.tiny()
 FP8 = GLM5Config.tiny(indexer_fp8=True)
@@ -31,17 +35,6 @@ GROUPED = GLM5Config.tiny(n_group=4, topk_group=2, num_experts_per_tok=3, indexe
 # GLM-5.x cross-layer top-k sharing: layers 1 and 2 reuse layer 0's top-k, layer 3 runs its own
 SHARED = GLM5Config.tiny(num_layers=4, indexer_types=("full", "shared", "shared", "full"))
 TOL = dict(atol=2e-4, rtol=2e-4)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model's matrices are too small to gain from intra-op threads, and two
-    threads per pytest-xdist worker oversubscribe a small machine (measured here: 6 ms per
-    decode step with one thread, 240 ms with two while other work shares the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tokens(n: int, seed: int, vocab: int = TINY.vocab_size) -> list[int]:

@@ -24,7 +24,8 @@ from glm5_hal import cli
 from glm5_hal.models import CheckpointError, GLM5Config, GLM5ForCausalLM, SkippedTensorsWarning, record_ops
 from glm5_hal.models.quantized import Fp8Experts, Fp8Linear, Int8Experts, Int8Linear
 
-pytestmark = pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning"),
+              pytest.mark.usefixtures("one_thread")]
 
 FP8 = torch.float8_e4m3fn
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
@@ -39,12 +40,6 @@ FP8_TINY = GLM5Config.tiny(q_lora_rank=128, moe_intermediate_size=128, n_routed_
 PROMPT = 20
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tokens(n: int, seed: int, vocab: int = 512) -> list[int]:

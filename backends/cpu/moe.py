@@ -43,6 +43,12 @@ def grouped_gemm(x, w, tokens_per_expert):
     # is saved against the reference: no float32 copies of x and w, and each expert's product
     # lands in its slice of one output (no torch.cat).
     expert_counts("grouped_gemm", tokens_per_expert, x.shape[0], "x")
+    return per_expert_mm(x, w, tokens_per_expert)
+
+
+def per_expert_mm(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """torch's GEMM once per expert, each product written into its slice of one output (the
+    counts already checked). Also the bench's torch peer of the native bf16 grouped GEMM."""
     out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
     start = 0
     for e, n in enumerate(tokens_per_expert.tolist()):

@@ -57,10 +57,5 @@ def grouped_gemm(s: Shapes) -> BenchCase:
 def torch_per_expert(x, w, tokens_per_expert):
     """torch's bf16 GEMM (oneDNN) once per expert into slices of one output: the cpu backend's
     grouped_gemm before it had native tiles."""
-    out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
-    start = 0
-    for e, n in enumerate(tokens_per_expert.tolist()):
-        if n:
-            torch.mm(x[start:start + n], w[e].t(), out=out[start:start + n])
-            start += n
-    return out
+    from glm5_hal.backends.cpu.moe import per_expert_mm
+    return per_expert_mm(x, w, tokens_per_expert)
