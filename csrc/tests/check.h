@@ -1,9 +1,11 @@
 // The little harness the native test drivers share: CHECK (counts, prints and keeps going,
-// so one run reports every failure), and a seeded random source.
+// so one run reports every failure), a seeded random source, and the float dtypes by name.
 #pragma once
 
 #include <cstdio>
 #include <random>
+
+#include "core.h"
 
 namespace glm5_test {
 
@@ -18,6 +20,12 @@ inline float randn() {
 
 inline int randint(int lo, int hi) {  // [lo, hi]
   return std::uniform_int_distribution<int>(lo, hi)(rng);
+}
+
+// The float dtypes the kernels take, and their short names in failure messages.
+inline const glm5::DType kFloats[] = {glm5::DType::F32, glm5::DType::F16, glm5::DType::BF16};
+inline const char* name(glm5::DType d) {
+  return d == glm5::DType::F32 ? "f32" : d == glm5::DType::F16 ? "f16" : "bf16";
 }
 
 }  // namespace glm5_test

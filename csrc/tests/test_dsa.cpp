@@ -25,6 +25,7 @@ using glm5::View;
 namespace {
 
 using glm5_test::g_checks;
+using glm5_test::name;
 using glm5_test::g_failures;
 using glm5_test::randint;
 using glm5_test::randn;
@@ -79,8 +80,6 @@ double out_value(DType d, const std::vector<uint8_t>& raw, size_t i) {
 size_t esize(DType d) { return d == DType::F32 ? 4 : 2; }
 
 double rel_tol(DType d) { return d == DType::F32 ? 1e-5 : d == DType::F16 ? 2e-3 : 2e-2; }
-
-const char* name(DType d) { return d == DType::F32 ? "f32" : d == DType::F16 ? "f16" : "bf16"; }
 
 // Runs f; true iff it threw glm5::InvalidInput.
 bool throws_invalid(const std::function<void()>& f) {

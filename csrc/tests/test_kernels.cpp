@@ -28,13 +28,13 @@ using glm5::dense;
 namespace {
 
 using glm5_test::g_checks;
+using glm5_test::kFloats;
+using glm5_test::name;
 using glm5_test::g_failures;
 using glm5_test::randint;
 using glm5_test::randn;
 using glm5_test::rng;
 
-const DType kFloats[] = {DType::F32, DType::F16, DType::BF16};
-const char* name(DType d) { return d == DType::F32 ? "f32" : d == DType::F16 ? "f16" : "bf16"; }
 double rel_tol(DType d) { return d == DType::F32 ? 1e-5 : d == DType::F16 ? 2e-3 : 1.6e-2; }
 
 // Raw elements of one float dtype (2 or 4 bytes each) and their exact values.

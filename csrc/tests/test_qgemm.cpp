@@ -27,12 +27,12 @@ using glm5::View;
 namespace {
 
 using glm5_test::g_checks;
+using glm5_test::kFloats;
+using glm5_test::name;
 using glm5_test::g_failures;
 using glm5_test::randint;
 using glm5_test::randn;
 
-const DType kOuts[] = {DType::F32, DType::F16, DType::BF16};
-const char* name(DType d) { return d == DType::F32 ? "f32" : d == DType::F16 ? "f16" : "bf16"; }
 
 double fp8_value(uint8_t code) {
   const unsigned mag = code & 0x7fu, e = mag >> 3, m = mag & 7u;
@@ -289,7 +289,7 @@ void test_invalid() {
 // ---- int8_quant --------------------------------------------------------------------------------
 
 void test_int8_quant(int isa) {
-  for (DType d : kOuts) {
+  for (DType d : kFloats) {
     const int64_t rows = 9, cols = 37, ld = 41;
     std::vector<uint8_t> raw(static_cast<size_t>(rows * ld * glm5::dtype_bytes(d)));
     std::vector<float> vals(static_cast<size_t>(rows * ld));
@@ -344,7 +344,7 @@ int main() {
     if (!new_float && !new_int) continue;
     std::printf("tier limit %d: float %d, int8 %d\n", limit, fi, ii);
     if (new_float) {
-      for (DType od : kOuts) {
+      for (DType od : kFloats) {
         run_fp8({{1}}, 1, 128, od, fi, false);
         run_fp8({{17}}, 129, 256, od, fi, false);
         run_fp8({{33}}, 300, 1152, od, fi, false);  // two K blocks (1024 + 128)
@@ -360,7 +360,7 @@ int main() {
       run_bf16({{1}}, 1, 1, fi);
     }
     if (new_int) {
-      for (DType od : kOuts) {
+      for (DType od : kFloats) {
         run_int8({{1}}, 1, 1, od, ii, false);
         run_int8({{17}}, 129, 67, od, ii, true);
         run_int8({{33}}, 33, 2100, od, ii, false);          // two K blocks (2048 + 52)
