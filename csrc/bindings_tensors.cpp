@@ -33,10 +33,10 @@
 #include "bindings_tensor_reader.h"
 #include "bindings_tensors.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <vector>
 
 namespace {
 
@@ -225,8 +225,33 @@ enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtyp
 constexpr int64_t kTensor = int64_t{1} << 56;
 enum : int64_t { kInt = 1, kFloat, kBool, kStr, kNoneScalar, kDType };
 
+// The key's words, on the stack (no allocation per call); a call needing more than fit, far
+// more than any op's arguments, gets no key (its check runs).
+class Words {
+ public:
+  void push_back(int64_t w) { insert(&w, &w + 1); }
+  void insert(const int64_t* first, const int64_t* last) {
+    const size_t n = static_cast<size_t>(last - first);
+    if (n > kCapacity - size_) {
+      overflow_ = true;
+      return;
+    }
+    std::copy(first, last, words_ + size_);
+    size_ += n;
+  }
+  bool overflow() const { return overflow_; }
+  const int64_t* data() const { return words_; }
+  size_t size() const { return size_; }
+
+ private:
+  static constexpr size_t kCapacity = 256;
+  int64_t words_[kCapacity];
+  size_t size_ = 0;
+  bool overflow_ = false;
+};
+
 // Appends tensor `t`'s words; false if it is not read exactly here (the caller returns None).
-bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, std::vector<int64_t>& words) {
+bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, Words& words) {
   PyTypeObject* type = Py_TYPE(t);
   if (type != r.tensor && type != r.parameter) return false;
   if (!through_getters()) {
@@ -235,7 +260,7 @@ bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, std::vector<int64_
     words.push_back(kTensor | m.ndim | m.scalar_type << 16 | static_cast<int64_t>(static_cast<uint8_t>(m.device_type)) << 32 |
                     static_cast<int64_t>(static_cast<uint8_t>(m.device_index)) << 40 |
                     static_cast<int64_t>(m.requires_grad) << 48 | static_cast<int64_t>(m.contiguous) << 49);
-    words.insert(words.end(), m.sizes, m.sizes + m.ndim);
+    words.insert(m.sizes, m.sizes + m.ndim);
     return true;
   }
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
@@ -295,8 +320,7 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!r.ok || (through_getters() && function_mode_active())) Py_RETURN_NONE;
   const char* plan = PyBytes_AS_STRING(args[0]);
   const Py_ssize_t n = nargs - 2;
-  std::vector<int64_t> words;
-  words.reserve(64);
+  Words words;
   PyObject* scalars[32];
   Py_ssize_t nscalars = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -337,6 +361,7 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         Py_RETURN_NONE;
     }
   }
+  if (words.overflow()) Py_RETURN_NONE;
   PyObject* key = PyTuple_New(2 + nscalars);
   if (!key) return nullptr;
   PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(words.data()),

@@ -255,3 +255,10 @@ def test_the_torch_custom_op_remembers_calls_too(reader):
     assert len(op._passed) == 1 and cache.view(-1, 8)[5].eq(1).all()
     hal_error(torch.ops.glm5_hal.kv_cache_write, cache, values, torch.tensor([0, 8]), match="slot_mapping")
     hal_error(torch.ops.glm5_hal.kv_cache_write, cache, torch.ones(2, 4), torch.tensor([0, 1]), match="values")
+
+
+def test_more_metadata_than_the_key_holds_gives_no_key(reader):
+    # the key's words live on the stack (256): far more than any op's arguments need
+    t = torch.zeros((1,) * 8)
+    assert key(b"t" * 20, *[t] * 20) is not None            # 20 * 9 words
+    assert key(b"t" * 40, *[t] * 40) is None                 # 40 * 9 words
