@@ -37,13 +37,38 @@ void check_slots(const char* op, const void* slots, DType d, int64_t tokens, int
     throw InvalidInput(op, "slot_mapping", "distinct slots (-1 may repeat)", "slot " + str(*dup) + " more than once");
 }
 
+// Two paged views written by one call must not share a byte: either their address ranges are
+// apart, or they interleave page by page with one page stride and disjoint spans within a page
+// (vLLM's indexer pages: each block's FP8 rows, then its scales).
+void require_disjoint_pages(const View& a, int64_t a_stride, const View& b, int64_t b_stride, const char* op,
+                            const char* arg) {
+  const int64_t ae = dtype_bytes(a.dtype), be = dtype_bytes(b.dtype);
+  int64_t a_block = ae, b_block = be;
+  for (int d = 1; d < a.ndim; ++d) a_block *= a.size[d];
+  for (int d = 1; d < b.ndim; ++d) b_block *= b.size[d];
+  if (a.numel() == 0 || b.numel() == 0) return;
+  const int64_t a_lo = reinterpret_cast<int64_t>(a.data), b_lo = reinterpret_cast<int64_t>(b.data);
+  const int64_t a_hi = a_lo + (a.size[0] - 1) * a_stride * ae + a_block;
+  const int64_t b_hi = b_lo + (b.size[0] - 1) * b_stride * be + b_block;
+  if (a_hi <= b_lo || b_hi <= a_lo) return;
+  const int64_t page = a_stride * ae;
+  bool disjoint = a.size[0] == b.size[0] && page == b_stride * be && page > 0;
+  if (disjoint) {
+    const int64_t offset = (((b_lo - a_lo) % page) + page) % page;  // b's span within a page of a
+    disjoint = offset >= a_block && offset + b_block <= page;
+  }
+  GLM5_REQUIRE(disjoint, op, arg, "memory apart from the other cache argument's (or interleaved with it page by page)",
+               "an overlapping view");
+}
+
 }  // namespace
 
 void kv_cache_write(const View& cache, const RowsIn& values, const DenseIn& slot_mapping, int num_threads) {
   const char* op = "kv_cache_write";
   require_ndim(cache, 3, op, "cache");
-  require_contiguous(cache, op, "cache");
+  const int64_t block_stride = require_paged(cache, op, "cache");
   const int64_t es = dtype_bytes(cache.dtype), num_slots = cache.size[0] * cache.size[1], dim = cache.size[2];
+  const int64_t block_size = cache.size[1];
   GLM5_REQUIRE(es > 0, op, "cache", "a dtype of the glm5::DType enum", dtype_name(cache.dtype));
   require_ndim(values, 2, op, "values");
   const Rows v = rows_of(values, op, "values");
@@ -62,7 +87,9 @@ void kv_cache_write(const View& cache, const RowsIn& values, const DenseIn& slot
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t s = slot_at(slots, slot_dtype, t);
-    if (s >= 0) std::memcpy(cb + s * row_bytes, vb + t * values_row_stride_bytes, static_cast<size_t>(row_bytes));
+    if (s >= 0)
+      std::memcpy(cb + ((s / block_size) * block_stride + (s % block_size) * dim) * es,
+                  vb + t * values_row_stride_bytes, static_cast<size_t>(row_bytes));
   }
 }
 
@@ -78,9 +105,15 @@ void indexer_k_cache_write(const RowsIn& k, const View& k_cache_view, const View
   require_dtype(k_cache_view, DType::F8E4M3, op, "k_cache");
   require_ndim(k_cache_view, 3, op, "k_cache");
   const int64_t blocks = k_cache_view.size[0], block_size = k_cache_view.size[1];
-  require_dense(k_cache_view, {blocks, block_size, dim}, op, "k_cache");
+  GLM5_REQUIRE(k_cache_view.size[2] == dim, op, "k_cache", "shape [" + str(blocks) + ", " + str(block_size) + ", " +
+               str(dim) + "]", shape_str(k_cache_view));
+  const int64_t cache_block_stride = require_paged(k_cache_view, op, "k_cache");
   require_dtype(k_scale_view, DType::F32, op, "k_scale");
-  require_dense(k_scale_view, {blocks, block_size}, op, "k_scale");
+  require_ndim(k_scale_view, 2, op, "k_scale");
+  GLM5_REQUIRE(k_scale_view.size[0] == blocks && k_scale_view.size[1] == block_size, op, "k_scale",
+               "shape [" + str(blocks) + ", " + str(block_size) + "]", shape_str(k_scale_view));
+  const int64_t scale_block_stride = require_paged(k_scale_view, op, "k_scale");
+  require_disjoint_pages(k_cache_view, cache_block_stride, k_scale_view, scale_block_stride, op, "k_scale");
   require_dense(slot_mapping, {tokens}, op, "slot_mapping");
   const DType k_dtype = k.dtype, slot_dtype = slot_mapping.dtype;
   const void* slots = slot_mapping.data;
@@ -101,8 +134,9 @@ void indexer_k_cache_write(const RowsIn& k, const View& k_cache_view, const View
       if (s < 0) continue;
       K.load(k_dtype, kb + t * k_row_stride * es, dim, buf.data());
       const float scale = fp8_block_scale(K.abs_max(buf.data(), dim), ue8m0);
-      K.fp8_encode(buf.data(), scale, dim, k_cache + s * dim);
-      k_scale[s] = scale;
+      const int64_t block = s / block_size, offset = s % block_size;
+      K.fp8_encode(buf.data(), scale, dim, k_cache + block * cache_block_stride + offset * dim);
+      k_scale[block * scale_block_stride + offset] = scale;
     }
   }
 }

@@ -164,6 +164,22 @@ void require_dense(const View& v, std::initializer_list<int64_t> sizes, const ch
   require_contiguous(v, op, arg);
 }
 
+int64_t require_paged(const View& v, const char* op, const char* arg) {
+  require_sizes_and_data(v, op, arg);
+  GLM5_REQUIRE(v.ndim >= 1, op, arg, "a paged cache [num_blocks, ...]", "0 dims");
+  int64_t extent = 1;
+  bool dense_block = true;
+  for (int d = v.ndim - 1; d >= 1; --d) {
+    if (v.size[d] != 1 && v.stride[d] != extent) dense_block = false;
+    extent *= v.size[d];
+  }
+  const bool disjoint = v.size[0] <= 1 || extent == 0 || v.stride[0] >= extent;
+  GLM5_REQUIRE(dense_block && disjoint, op, arg,
+               "a paged layout (each block row-major contiguous, blocks not overlapping)",
+               "strides " + strides_str(v) + " for shape " + shape_str(v));
+  return v.size[0] <= 1 ? extent : v.stride[0];
+}
+
 void require_contiguous(const View& v, const char* op, const char* arg) {
   require_sizes_and_data(v, op, arg);
   GLM5_REQUIRE(is_contiguous(v), op, arg, "a contiguous tensor", "strides " + strides_str(v));

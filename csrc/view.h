@@ -91,5 +91,11 @@ void require_dtype_of(const View& v, const View& like, const char* op, const cha
 void require_contiguous(const View& v, const char* op, const char* arg);
 // Exactly `sizes`, and require_contiguous.
 void require_dense(const View& v, std::initializer_list<int64_t> sizes, const char* op, const char* arg);
+// A paged cache [num_blocks, ...] written in place: each block (the dims after the first) is
+// row-major contiguous and blocks do not overlap (stride[0] >= a block's extent), so block b
+// starts at data + b * stride[0] elements. A contiguous cache is paged; so is one block-strided
+// view of a serving engine's pages (vLLM keeps an indexer page's FP8 rows and scales side by
+// side). Returns stride[0] (the block's extent when there is at most one block).
+int64_t require_paged(const View& v, const char* op, const char* arg);
 
 }  // namespace glm5

@@ -243,7 +243,9 @@ BAD = [
     ("kv_cache_write", (torch.zeros(2, 4, 8).int(), torch.zeros(1, 8).int(), i32(0)), "cache", "dtype"),
     ("kv_cache_write", (torch.zeros(8, 8), torch.zeros(1, 8), i32(0)), "cache", "a 3-d tensor"),
     ("kv_cache_write", (torch.zeros(2, 8, 4).transpose(1, 2), torch.zeros(1, 8), i32(0)), "cache",
-     "a contiguous tensor"),
+     "a paged layout"),
+    ("kv_cache_write", (torch.zeros(4, 8).expand(2, 4, 8), torch.zeros(1, 8), i32(0)), "cache",
+     "a paged layout"),
     ("kv_cache_write", (torch.zeros(2, 4, 8), torch.zeros(1, 8).bfloat16(), i32(0)), "values",
      "dtype float32 (the dtype of 'cache')"),
     ("kv_cache_write", (torch.zeros(2, 4, 8), torch.zeros(1, 7), i32(0)), "values", "got shape [1, 7]"),
@@ -352,3 +354,65 @@ def test_docs_examples_run():
     assert len(blocks) >= 4
     for block in blocks:
         exec(compile(block, "docs/ops/kv.md", "exec"), {})
+
+
+# -- paged views: vLLM's indexer page (a block's FP8 rows, then its float32 scales) ---------------
+def _vllm_indexer_pages(num_blocks, block_size, dim):
+    """k_cache and k_scale as vLLM 0.32 lays out an indexer page: one uint8 buffer per block,
+    block_size * dim FP8 values followed by block_size float32 scales."""
+    pages = torch.zeros(num_blocks, block_size * (dim + 4), dtype=torch.uint8)
+    values = pages[:, :block_size * dim].view(num_blocks, block_size, dim).view(FP8)
+    scales = pages[:, block_size * dim:].view(torch.float32)
+    return pages, values, scales
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_indexer_k_cache_write_into_interleaved_pages(backend):
+    g = torch.Generator().manual_seed(3)
+    nb, bs, dim = 4, 8, 128
+    k = torch.randn(11, dim, generator=g) * torch.logspace(-2, 2, 11)[:, None]
+    slots = torch.randperm(nb * bs, generator=g)[:11]
+    pages, values, scales = _vllm_indexer_pages(nb, bs, dim)
+    assert not values.is_contiguous() and not scales.is_contiguous()
+    dense_values, dense_scales = torch.zeros(nb, bs, dim, dtype=FP8), torch.zeros(nb, bs)
+    with hal.use(backend):
+        hal.ops.indexer_k_cache_write(k, values, scales, slots, "ue8m0")
+    with hal.use("reference"):
+        hal.ops.indexer_k_cache_write(k, dense_values, dense_scales, slots, "ue8m0")
+    assert torch.equal(values.view(torch.uint8), dense_values.view(torch.uint8))
+    assert torch.equal(scales, dense_scales)
+    # the paged read takes the same views in place
+    q = torch.randn(2, 3, 4, dim, generator=g)
+    weights = torch.rand(2, 3, 4, generator=g)
+    table = torch.tensor([[2, 0, 3, 1], [1, 3, -1, -1]], dtype=torch.int32)
+    lens = torch.tensor([29, 12], dtype=torch.int32)
+    with hal.use(backend):
+        top = hal.ops.indexer_topk_paged(q, (values, scales), weights, table, lens, 5)
+    with hal.use(backend):    # the same backend on contiguous copies: the views must not matter
+        want = hal.ops.indexer_topk_paged(q, (dense_values, dense_scales), weights, table, lens, 5)
+    assert torch.equal(top.sort(-1).values, want.sort(-1).values)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_kv_cache_write_into_block_strided_view(backend):
+    g = torch.Generator().manual_seed(4)
+    buffer = torch.zeros(3, 6, 9)
+    cache = buffer[:, :4]                       # each block a page of 6 rows: 4 used
+    values = torch.randn(5, 9, generator=g)
+    slots = torch.tensor([11, 0, -1, 5, 7])
+    with hal.use(backend):
+        hal.ops.kv_cache_write(cache, values, slots)
+    assert torch.equal(cache[2, 3], values[0]) and torch.equal(cache[0, 0], values[1])
+    assert torch.equal(cache[1, 1], values[3]) and torch.equal(cache[1, 3], values[4])
+    assert buffer[:, 4:].abs().sum() == 0        # the rows between pages are never written
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_overlapping_key_and_scale_pages_are_rejected_before_writing(backend):
+    pages, values, _ = _vllm_indexer_pages(2, 4, 16)
+    overlapping = pages[:, :16].view(torch.float32)        # the scales over the first rows' bytes
+    before = pages.clone()
+    with hal.use(backend), pytest.raises(hal.InvalidInputError) as err:
+        hal.ops.indexer_k_cache_write(torch.randn(2, 16), values, overlapping, torch.tensor([0, 5]))
+    assert err.value.arg == "k_scale" and "overlapping" in str(err.value)
+    assert torch.equal(pages, before)

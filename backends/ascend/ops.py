@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.vendor_backend import (Adapter, Verdict, first_reason, host_reads_allowed, no_permuted_rows, pad_heads,
+from glm5_hal.vendor_backend import (Adapter, Verdict, first_reason, host_reads_allowed, paged_view_declined, no_permuted_rows, pad_heads,
                                      rope_angles, weight_cast_declined)
 
 from .versions import KernelRules
@@ -694,7 +694,8 @@ def _as_bytes(t: Tensor) -> Tensor:
 
 
 def kv_cache_write_supported(backend: "AscendBackend", cache, values, slot_mapping) -> Verdict:
-    return first_reason(lambda: _versioned(backend, "npu_op_schemas"))
+    return first_reason(lambda: _versioned(backend, "npu_op_schemas"),
+                        lambda: paged_view_declined("npu_scatter_nd_update_", cache))
 
 
 def kv_cache_write(backend: "AscendBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
 from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, dtype_name, first_reason,
-                                     int32_slots_declined, no_permuted_rows, pad_heads, permuted_in_contract_order,
+                                     int32_slots_declined, paged_view_declined, no_permuted_rows, pad_heads, permuted_in_contract_order,
                                      repeated_slot, sigmoid_underflow, spare_expert_ids, weight_cast_declined,
                                      write_key_rows)
 
@@ -283,7 +283,8 @@ def _tf32_enabled(backends) -> bool:
 # -- KV cache ----------------------------------------------------------------------------------
 def kv_cache_write_supported(backend: "CambriconBackend", cache: Tensor, values: Tensor,
                              slot_mapping: Tensor) -> Verdict:
-    return _tmo_declined(backend) or int32_slots_declined(cache, "tmo.reshape_paged_cache") or True
+    return (_tmo_declined(backend) or int32_slots_declined(cache, "tmo.reshape_paged_cache")
+            or paged_view_declined("tmo.reshape_paged_cache", cache) or True)
 
 
 def kv_cache_write(backend: "CambriconBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
@@ -317,7 +318,8 @@ def kv_cache_gather(backend: "CambriconBackend", cache: Tensor, block_table: Ten
 def indexer_k_cache_write_supported(backend: "CambriconBackend", k: Tensor, k_cache: Tensor, k_scale: Tensor,
                                     slot_mapping: Tensor, scale_fmt: str | None) -> Verdict:
     return first_reason(lambda: _tmo_declined(backend), backend.fp8_declined,
-                        lambda: int32_slots_declined(k_cache, "tmo.reshape_paged_cache"))
+                        lambda: int32_slots_declined(k_cache, "tmo.reshape_paged_cache"),
+                        lambda: paged_view_declined("tmo.reshape_paged_cache", k_cache, k_scale))
 
 
 def indexer_k_cache_write(backend: "CambriconBackend", k: Tensor, k_cache: Tensor, k_scale: Tensor,

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined,
+from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined, paged_view_declined,
                                      no_permuted_rows, permuted_in_contract_order, repeated_slot, sigmoid_underflow,
                                      spare_expert_ids, write_key_rows)
 
@@ -319,7 +319,8 @@ def int8_grouped_gemm(backend: "KunlunBackend", x: Tensor, x_scale: Tensor, w: T
 
 # -- KV cache ----------------------------------------------------------------------------------
 def kv_cache_write_supported(backend: "KunlunBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> Verdict:
-    return int32_slots_declined(cache, "kunlun_ops.reshape_and_cache") or True
+    return (int32_slots_declined(cache, "kunlun_ops.reshape_and_cache")
+            or paged_view_declined("kunlun_ops.reshape_and_cache", cache) or True)
 
 
 def kv_cache_write(backend: "KunlunBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:

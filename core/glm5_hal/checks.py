@@ -76,6 +76,42 @@ def contiguous(op: str, arg: str, t: torch.Tensor) -> None:
         fail(op, arg, "a contiguous tensor", f"strides {list(t.stride())} for shape {list(t.shape)}")
 
 
+def is_paged(t: torch.Tensor) -> bool:
+    """A paged cache [num_blocks, ...] an op writes in place: each block (the dims after the
+    first) row-major contiguous, blocks not overlapping. Contiguous caches are paged; so is a
+    block-strided view into a serving engine's pages (vLLM's indexer page holds a block's FP8
+    rows and then its scales). Block b starts b * stride(0) elements after the first."""
+    shape, strides = t.shape, t.stride()
+    extent = 1
+    for d in range(len(shape) - 1, 0, -1):
+        if shape[d] != 1 and strides[d] != extent:
+            return False
+        extent *= shape[d]
+    return len(shape) >= 1 and (shape[0] <= 1 or extent == 0 or strides[0] >= extent)
+
+
+def paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Two paged caches one call writes share no byte: their address ranges are apart, or they
+    interleave page by page (one page stride, disjoint spans within a page)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return
+    def span(t):
+        block = t.element_size() * math.prod(t.shape[1:])
+        low = t.data_ptr()
+        return low, low + (t.shape[0] - 1) * t.stride(0) * t.element_size() + block, block
+    a_lo, a_hi, a_block = span(a)
+    b_lo, b_hi, b_block = span(b)
+    if a_hi <= b_lo or b_hi <= a_lo:
+        return
+    page = a.stride(0) * a.element_size()
+    if a.shape[0] == b.shape[0] and page > 0 and page == b.stride(0) * b.element_size():
+        offset = (b_lo - a_lo) % page
+        if offset >= a_block and offset + b_block <= page:
+            return
+    fail(op, arg, "memory apart from the other cache argument's (or interleaved with it page by page)",
+         "an overlapping view")
+
+
 def integer(op: str, arg: str, v: object, *, min_value: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         fail(op, arg, "an int", repr(v))

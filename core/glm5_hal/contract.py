@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .checks import FP8, dtype_list
+from .checks import FP8, dtype_list, is_paged
 from .errors import HalError, InvalidInputError
 
 _DIM_PREFIX = "_d_"
@@ -60,6 +60,10 @@ class Tensor:
     dtypes: the accepted dtypes, or the name of an earlier argument whose dtype it must have.
     optional: None is accepted (nothing else is checked then).
     contiguous: the tensor must be contiguous (in-place targets the kernels index flat).
+    paged: the tensor is a paged cache written in place (glm5_hal.checks.is_paged: each block
+        row-major contiguous, blocks apart; a serving engine's block-strided page views pass).
+        The check reads strides, which call keys do not: an op with a paged argument runs its
+        check on every call.
     layout: name the dims in a shape mismatch ("shape [T, topk] = [3, *]") instead of
         showing the resolved sizes only ("shape [3, *]").
     """
@@ -68,6 +72,7 @@ class Tensor:
     optional: bool = False
     contiguous: bool = False
     layout: bool = False
+    paged: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +188,7 @@ class _Compiler:
         self.rules = [(rule, _names(rule.expression if isinstance(rule, Let) else rule.condition, op))
                       for rule in rules]
         self.lines: list[str] = []
-        self.ns: dict[str, Any] = {"_Tensor": torch.Tensor, "_SymInt": torch.SymInt,
+        self.ns: dict[str, Any] = {"_Tensor": torch.Tensor, "_SymInt": torch.SymInt, "_is_paged": is_paged,
                                    "_isfinite": math.isfinite, "_fail": self._failer(),
                                    "_dtname": _dtype_name, **HELPERS}
         self.bound: set[str] = set()      # dim names and checked scalars known so far
@@ -243,6 +248,8 @@ class _Compiler:
             if isinstance(spec, Key):
                 codes.append("k")
             elif isinstance(spec, Tensor):
+                if spec.paged:
+                    return None
                 codes.append(_TENSOR_CODES[spec.contiguous, spec.optional])
             else:
                 codes.append("s")
@@ -286,6 +293,11 @@ class _Compiler:
             self.emit(f"if not _Tensor.is_contiguous({var}):", depth)
             self.emit(f"_fail({name!r}, 'a contiguous tensor', 'strides %s for shape %s' "
                       f"% (list({var}.stride()), list(_s_{name})))", depth + 1)
+        if spec.paged:
+            self.emit(f"if not _is_paged({var}):", depth)
+            self.emit(f"_fail({name!r}, 'a paged layout (each block row-major contiguous, blocks not "
+                      f"overlapping)', 'strides %s for shape %s' % (list({var}.stride()), list(_s_{name})))",
+                      depth + 1)
         self.dims(name, spec.shape, depth, spec.layout)
         if spec.optional and self.bound - bound_before:
             raise HalError(f"op {self.op}: optional {name} may only use dims bound earlier")

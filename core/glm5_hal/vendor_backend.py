@@ -471,6 +471,15 @@ def int32_slots_declined(cache: torch.Tensor, kernel: str) -> str | None:
     return None
 
 
+def paged_view_declined(kernel: str, *caches: torch.Tensor) -> str | None:
+    """The reason to decline a cache write whose kernel indexes the cache flat, when a cache is
+    a block-strided paged view (vLLM's page layout) rather than a contiguous tensor."""
+    if all(c.is_contiguous() for c in caches):
+        return None
+    return (f"{kernel} indexes a contiguous cache; this one is a block-strided paged view "
+            "(copying it would cost a whole-cache copy per call)")
+
+
 def write_key_rows(reshape_and_cache: Callable, cache: torch.Tensor, values: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """kv_cache_write through a vLLM-style `reshape_and_cache(key [T, heads, D], value,

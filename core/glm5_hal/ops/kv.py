@@ -1,8 +1,9 @@
 """Paged KV cache ops (OPS.md section 6): writing token rows into cache slots and gathering
 sequences back out through block tables.
 
-A cache is `[num_blocks, block_size, D]`; slot `s` is row `s` of `cache.view(-1, D)`, i.e.
-block `s // block_size`, offset `s % block_size`. `glm5_hal.kv.PagedKVCache` hands out slot
+A cache is `[num_blocks, block_size, D]`; slot `s` is block `s // block_size`, offset
+`s % block_size` (row `s` of `cache.view(-1, D)` when the cache is contiguous). The writes
+take any *paged* layout: each block contiguous, blocks apart, as in vLLM's page views. `glm5_hal.kv.PagedKVCache` hands out slot
 mappings and block tables for these ops.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _check_slot_values(op: str, slot_mapping: torch.Tensor, num_slots: int) -> N
 
 kv_cache_write = define(
     ref.kv_cache_write,
-    args=dict(cache=Tensor("num_blocks, block_size, D", CACHE_DTYPES, contiguous=True),
+    args=dict(cache=Tensor("num_blocks, block_size, D", CACHE_DTYPES, paged=True),
               values=Tensor("T, D", "cache"), slot_mapping=Tensor("T", SLOT_DTYPES)),
     check_values=lambda cache, values, slot_mapping: _check_slot_values(
         "kv_cache_write", slot_mapping, _slot_count(cache)),
@@ -44,28 +45,34 @@ kv_cache_write = define(
     doc="""Writes token rows into cache slots, in place.
 
     cache:        [num_blocks, block_size, D] bfloat16 | float16 | float32 | float8_e4m3fn,
-                  contiguous; modified in place (for MLA a row is cat(c_kv[512], k_pe[64]))
+                  paged (each block contiguous, blocks apart: a contiguous cache, or a
+                  serving engine's block-strided view); modified in place (for MLA a row is
+                  cat(c_kv[512], k_pe[64]))
     values:       [T, D], same dtype as cache
-    slot_mapping: [T] int32 | int64; slot s is cache.view(-1, D)[s]; -1 = padding, not written
+    slot_mapping: [T] int32 | int64; slot s is cache[s // block_size, s % block_size];
+                  -1 = padding, not written
     Slots outside [0, num_blocks * block_size) (other than -1) and a slot given twice raise
     InvalidInputError before anything is written. Returns None.
     """)
 
 indexer_k_cache_write = define(
     ref.indexer_k_cache_write,
-    args=dict(k=Tensor("T, D", FLOAT), k_cache=Tensor("num_blocks, block_size, D", (FP8,), contiguous=True),
-              k_scale=Tensor("num_blocks, block_size", (torch.float32,), contiguous=True),
+    args=dict(k=Tensor("T, D", FLOAT), k_cache=Tensor("num_blocks, block_size, D", (FP8,), paged=True),
+              k_scale=Tensor("num_blocks, block_size", (torch.float32,), paged=True),
               slot_mapping=Tensor("T", SLOT_DTYPES), scale_fmt=Choice(SCALE_FMTS)),
     rules=[Rule("k", "D >= 1", "shape [T, D] with D >= 1")],
-    check_values=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: _check_slot_values(
-        "indexer_k_cache_write", slot_mapping, _slot_count(k_cache)),
+    check_values=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: (
+        C.paged_apart("indexer_k_cache_write", "k_scale", k_cache, k_scale),
+        _check_slot_values("indexer_k_cache_write", slot_mapping, _slot_count(k_cache))),
     fake=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: None,
     mutates=("k_cache", "k_scale"),
     doc="""FP8-quantizes indexer keys (one scale per row) and writes them into a paged cache.
 
     k:            [T, D] bfloat16 | float16 | float32 (D = 128 for the DSA indexer), D >= 1
-    k_cache:      [num_blocks, block_size, D] float8_e4m3fn, contiguous; modified in place
-    k_scale:      [num_blocks, block_size] float32, contiguous; modified in place
+    k_cache:      [num_blocks, block_size, D] float8_e4m3fn, paged; modified in place
+    k_scale:      [num_blocks, block_size] float32, paged; modified in place. It may interleave
+                  with k_cache page by page (vLLM's indexer page: a block's FP8 rows, then its
+                  scales) but share no byte with it
     slot_mapping: [T] int32 | int64, as in kv_cache_write (-1 = padding; out of range or
                   repeated slots raise before anything is written)
     scale_fmt:    None or "ue8m0" (scales rounded up to a power of two)

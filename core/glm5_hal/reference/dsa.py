@@ -101,6 +101,15 @@ def _gather_rows(cache_rows: Tensor, slots: Tensor) -> Tensor:
     return cache_rows[slots]
 
 
+def _gather_slots(cache: Tensor, slots: Tensor) -> Tensor:
+    """The rows of flat `slots` of a paged cache [num_blocks, block_size, ...], read in place
+    (block s // block_size, offset s % block_size): a block-strided view is never copied."""
+    if cache.shape[0] * cache.shape[1] == 0:
+        return _gather_rows(cache.reshape((0,) + tuple(cache.shape[2:])), slots)
+    block_size = cache.shape[1]
+    return cache[slots // block_size, slots % block_size]
+
+
 def _max_context(context_lens: Tensor) -> int:
     return int(context_lens.max().item()) if context_lens.numel() else 0
 
@@ -123,9 +132,9 @@ def indexer_topk_paged(q: Tensor, k_cache, weights: Tensor, block_table: Tensor,
     positions = torch.arange(length, device=q.device).expand(block_table.shape[0], length)
     stored = positions < context_lens.long().unsqueeze(-1)             # [B, L]
     slots = _logical_slots(block_table, positions, stored, block_size)
-    rows = _gather_rows(values.reshape(-1, dim), slots)                 # [B, L, D]
+    rows = _gather_slots(values, slots)                                 # [B, L, D]
     if fp8:
-        rows = (rows, _gather_rows(k_cache[1].reshape(-1), slots))
+        rows = (rows, _gather_slots(k_cache[1], slots))
     keys = _dequant_keys(rows, ct)
     logits = _weighted_relu_logits(q, keys.unsqueeze(1), weights, ct)   # [B, N, L]
     visible = _decode_visible(context_lens, q.shape[1])                 # [B, N]
@@ -166,7 +175,7 @@ def sparse_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, co
     block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
     valid = (indices >= 0) & (indices < context_lens.view(-1, 1, 1))    # [B, N, K]
     slots = _logical_slots(block_table, indices, valid, block_size)
-    rows = _gather_rows(kv_cache.reshape(-1, dim), slots)               # [B, N, K, Dqk]
+    rows = _gather_slots(kv_cache, slots)                               # [B, N, K, Dqk]
     return _attend(q, rows, valid, sm_scale, d_v)
 
 
@@ -179,7 +188,7 @@ def dense_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, con
     positions = torch.arange(length, device=q.device).expand(block_table.shape[0], length)
     stored = positions < context_lens.long().unsqueeze(-1)             # [B, L]
     slots = _logical_slots(block_table, positions, stored, block_size)
-    rows = _gather_rows(kv_cache.reshape(-1, dim), slots).unsqueeze(1)  # [B, 1, L, Dqk]
+    rows = _gather_slots(kv_cache, slots).unsqueeze(1)                  # [B, 1, L, Dqk]
     visible = _decode_visible(context_lens, q.shape[1])                 # [B, N]
     valid = torch.arange(length, device=q.device) < visible.unsqueeze(-1)
     return _attend(q, rows, valid, sm_scale, d_v)

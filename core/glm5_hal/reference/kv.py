@@ -12,10 +12,16 @@ from .quant import fp8_block_quant
 __all__ = ["kv_cache_write", "indexer_k_cache_write", "kv_cache_gather"]
 
 
+def _block_and_offset(cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot s of a paged cache (contiguous or a block-strided view) is cache[s // bs, s % bs]."""
+    block_size = cache.shape[1]
+    return slots // block_size, slots % block_size
+
+
 def kv_cache_write(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     written = slot_mapping >= 0
     slots = slot_mapping[written].long()
-    cache.view(-1, cache.shape[-1]).index_put_((slots,), values[written])
+    cache.index_put_(_block_and_offset(cache, slots), values[written])
 
 
 def indexer_k_cache_write(k: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor,
@@ -24,9 +30,9 @@ def indexer_k_cache_write(k: torch.Tensor, k_cache: torch.Tensor, k_scale: torch
     slots = slot_mapping[written].long()
     q, scale = fp8_block_quant(k[written], block=k.shape[-1], scale_fmt=scale_fmt)
     # index_put_ rather than index_copy_: the latter has no float8 kernel on the CPU.
-    k_cache.view(-1, k_cache.shape[-1]).index_put_((slots,), q)
+    k_cache.index_put_(_block_and_offset(k_cache, slots), q)
     # to k_scale's dtype: the conformance reference runs with every float tensor upcast to float64
-    k_scale.view(-1).index_put_((slots,), scale.squeeze(-1).to(k_scale.dtype))
+    k_scale.index_put_(_block_and_offset(k_scale, slots), scale.squeeze(-1).to(k_scale.dtype))
 
 
 def kv_cache_gather(cache: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor

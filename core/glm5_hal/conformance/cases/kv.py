@@ -59,7 +59,8 @@ def _slot_mapping(g, num_slots, tokens, block_size, spec, padding, slot_dtype):
 def _write_case(preset, name, dtype, num_blocks, block_size, dim, tokens, *, slots="random",
                 padding=(), slot_dtype=torch.int32, view=None, outcome=RESULT, note=""):
     """view: "values_slice" (values are the first `dim` of wider rows), "slots_strided",
-    "cache_slice" (the cache a non-contiguous view: the contract demands contiguous)."""
+    "cache_slice" (rows cut from wider rows: not a paged layout, an error), "cache_pages"
+    (each block a page of a larger buffer: vLLM's block-strided layout, written in place)."""
     def inputs(g):
         cache = random_rows(g, (num_blocks, block_size, dim), dtype)
         values = random_rows(g, (tokens, dim), dtype)
@@ -73,6 +74,9 @@ def _write_case(preset, name, dtype, num_blocks, block_size, dim, tokens, *, slo
         elif view == "cache_slice":
             cache = View(torch.cat((cache, random_rows(g, (num_blocks, block_size, 3), dtype)), 2),
                          lambda b: b[..., :dim])
+        elif view == "cache_pages":
+            cache = View(torch.cat((cache, random_rows(g, (num_blocks, 2, dim), dtype)), 1),
+                         lambda b: b[:, :block_size])
         return cache, values, mapping
 
     if view in ("values_slice", "slots_strided"):
@@ -105,7 +109,9 @@ def kv_cache_write_cases(preset: str):
             yield _write_case(preset, "duplicate_slots", dtype, 3, 5, 9, 4, slots=[3, 7, -1, 3],
                               outcome=ERROR, note="two tokens into one slot")
             yield _write_case(preset, "noncontig_cache", dtype, 3, 5, 9, 3, view="cache_slice",
-                              outcome=ERROR, note="the cache must be contiguous")
+                              outcome=ERROR, note="rows cut from wider rows: not a paged layout")
+            yield _write_case(preset, "paged_view_cache", dtype, 3, 5, 9, 6, view="cache_pages",
+                              note="each block a page of a larger buffer (vLLM's layout), written in place")
         elif preset == "glm5":
             nb, bs, d = 12, GLM5_BLOCK_SIZE, MLA_ROW
             yield _write_case(preset, "mla_decode_t5", dtype, nb, bs, d, 5,
@@ -137,7 +143,8 @@ def _key_rows(g, tokens, dim, dtype, fill):
 def _index_write_case(preset, name, dtype, scale_fmt, num_blocks, block_size, dim, tokens, *,
                       slots="random", padding=(), slot_dtype=torch.int32, fill=None, view=None,
                       outcome=RESULT, note=""):
-    """view: "k_slice" (k rows cut from wider rows), "slots_strided"."""
+    """view: "k_slice" (k rows cut from wider rows), "slots_strided", "pages" (k_cache and
+    k_scale each a block-strided view of larger pages, as vLLM's indexer pages)."""
     def inputs(g):
         k_cache = random_rows(g, (num_blocks, block_size, dim), torch.float8_e4m3fn)
         k_scale = uniform(g, (num_blocks, block_size), torch.float32, 1e-3, 5e-2)
@@ -148,9 +155,14 @@ def _index_write_case(preset, name, dtype, scale_fmt, num_blocks, block_size, di
             k = View(torch.cat((randn(g, (tokens, 5), dtype), k), 1), lambda b: b[:, 5:])
         elif view == "slots_strided":
             mapping = View(torch.stack((mapping, mapping.flip(0)), 1).flatten(), lambda b: b[::2])
+        elif view == "pages":
+            spare = random_rows(g, (num_blocks, 3, dim), torch.float8_e4m3fn)
+            k_cache = View(torch.cat((k_cache, spare), 1), lambda b: b[:, :block_size])
+            spare_scales = uniform(g, (num_blocks, 3), torch.float32, 1e-3, 5e-2)
+            k_scale = View(torch.cat((k_scale, spare_scales), 1), lambda b: b[:, :block_size])
         return k, k_cache, k_scale, mapping, scale_fmt
 
-    if view is not None:
+    if view in ("k_slice", "slots_strided"):
         outcome = RESULT_OR_ERROR
     checks = {} if outcome == ERROR else {
         "k_cache": Exact(transform=Fp8Codes("k_scale", source="k", slots="slot_mapping")),
@@ -182,6 +194,8 @@ def indexer_k_cache_write_cases(preset: str):
                 yield case("empty_batch", dtype, fmt, 2, 3, 16, 0)
                 yield case("noncontig_k", dtype, fmt, 3, 5, 16, 4, view="k_slice")
                 yield case("noncontig_slots", dtype, fmt, 3, 5, 16, 4, view="slots_strided")
+                yield case("paged_views", dtype, fmt, 3, 5, 16, 6, view="pages",
+                           note="rows and scales block-strided views of larger pages (vLLM's layout)")
                 yield case("slot_out_of_range", dtype, fmt, 3, 5, 16, 3, slots=[0, 15, 4], outcome=ERROR)
                 yield case("duplicate_slots", dtype, fmt, 3, 5, 16, 3, slots=[2, 2, 4], outcome=ERROR)
             elif preset == "glm5":
