@@ -7,7 +7,7 @@ NATIVE := CMakeLists.txt pyproject.toml $(wildcard csrc/*.cpp csrc/*.h core/glm5
 # (seconds when no native source changed).
 PYTHON_SOURCES := $(shell find core backends -name '*.py' -not -path '*/__pycache__/*')
 
-.PHONY: setup conformance test clean
+.PHONY: setup conformance test clean setup-vllm test-vllm
 
 setup: $(VENV)/.installed
 
@@ -29,5 +29,27 @@ conformance: setup
 test: setup
 	$(PY) -m pytest -n auto
 
+# The vLLM integration's tests (tests/test_integrations_vllm.py) need vLLM's CPU build, which
+# pins its own transformers: its own venv, and its own build folder for the native extension.
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.requirements: requirements/vllm.txt
+	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements/vllm.txt
+	# built against another torch, these break `import vllm` (requirements/vllm.txt)
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.requirements $(NATIVE) $(PYTHON_SOURCES)
+	$(VPY) -m pip install -q --no-build-isolation -C build-dir=build/vllm-{wheel_tag} -e '.[vllm]'
+	touch $@
+
+test-vllm: setup-vllm
+	GLM5_CI_REQUIRE_VLLM=1 $(VPY) -m pytest -p no:cacheprovider -v tests/test_integrations_vllm.py
+
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(VLLM_VENV)

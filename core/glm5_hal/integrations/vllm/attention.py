@@ -25,6 +25,7 @@ from vllm.model_executor.layers.attention.sparse_mla_attention import SharedTopk
 
 from . import ATTENTION_BACKEND
 from .paging import StepBatch, build_step_batch
+from .preflight import DsaShapes, check_served, dispatch_scope
 
 __all__ = ["Glm5HalDsaMetadata", "Glm5HalDsaMetadataBuilder", "Glm5HalSparseMLABackend",
            "Glm5HalSparseMLAImpl", "Glm5HalIndexerBackend", "INDEXER_BACKEND"]
@@ -134,6 +135,14 @@ class Glm5HalSparseMLAImpl(MLAAttentionImpl[Glm5HalDsaMetadata], SharedTopkIndic
         self.kv_lora_rank: int = mla_args["kv_lora_rank"]
         self.dcp_world_size = 1
         self.init_topk_indices_buffer(indexer, topk_indices_buffer)
+        if indexer is not None:
+            from vllm.config import get_current_vllm_config
+            config = get_current_vllm_config()
+            shapes = DsaShapes(heads=num_heads, kv_lora_rank=self.kv_lora_rank,
+                               rope_dim=mla_args["qk_rope_head_dim"], index_heads=indexer.n_head,
+                               index_dim=indexer.head_dim, index_topk=indexer.topk_tokens)
+            check_served(config.model_config.dtype, torch.device(config.device_config.device), shapes)
+        self.scope = dispatch_scope()
 
     def record_logical_topk_ready(self) -> None:
         """vLLM's MLA layer calls this after the indexer wrote the top-k buffer; the buffer holds
@@ -145,7 +154,8 @@ class Glm5HalSparseMLAImpl(MLAAttentionImpl[Glm5HalDsaMetadata], SharedTopkIndic
             return
         tokens = min(kv_c_normed.shape[0], slot_mapping.shape[0])
         rows = torch.cat((kv_c_normed[:tokens], k_pe[:tokens].reshape(tokens, -1)), dim=-1)
-        hal.ops.kv_cache_write(kv_cache, rows, slot_mapping.reshape(-1)[:tokens])
+        with self.scope():
+            hal.ops.kv_cache_write(kv_cache, rows, slot_mapping.reshape(-1)[:tokens])
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: Glm5HalDsaMetadata,
                     layer) -> tuple[torch.Tensor, None]:
@@ -156,12 +166,17 @@ class Glm5HalSparseMLAImpl(MLAAttentionImpl[Glm5HalDsaMetadata], SharedTopkIndic
             raise RuntimeError(f"{ATTENTION_BACKEND}: a sparse MLA layer without an indexer top-k buffer")
         tokens, heads = attn_metadata.num_actual_tokens, q.shape[1]
         out = q.new_empty((tokens, heads, self.kv_lora_rank))
+        with self.scope():
+            self._attend(q, kv_c_and_k_pe_cache, attn_metadata, topk, out)
+        return out, None
+
+    def _attend(self, q, kv_cache, attn_metadata, topk, out) -> None:
+        heads = q.shape[1]
         for run in attn_metadata.runs:
             reqs = slice(run.first, run.first + run.count)
             rows = slice(run.start, run.start + run.tokens)
             o, _ = hal.ops.sparse_mla_decode_paged(
-                q[rows].reshape(run.count, run.length, heads, q.shape[-1]), kv_c_and_k_pe_cache,
+                q[rows].reshape(run.count, run.length, heads, q.shape[-1]), kv_cache,
                 attn_metadata.block_table[reqs], attn_metadata.seq_lens[reqs],
                 topk[rows].reshape(run.count, run.length, topk.shape[-1]), self.scale, self.kv_lora_rank)
             out[rows] = o.reshape(run.tokens, heads, self.kv_lora_rank)
-        return out, None

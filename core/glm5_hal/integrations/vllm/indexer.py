@@ -28,6 +28,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 
 from . import ATTENTION_BACKEND
 from .attention import Glm5HalIndexerBackend
+from .preflight import dispatch_scope
 
 __all__ = ["Glm5HalSparseAttnIndexer", "Glm5HalIndexerCache", "serves_dsa", "indexer_page_views"]
 
@@ -123,6 +124,10 @@ class Glm5HalSparseAttnIndexer(SparseAttnIndexer):
             metadata = metadata.get(self.layer_name)
         if metadata is None:   # the profiling run: no cache yet
             return
+        with dispatch_scope()():
+            self._step(metadata, q_fp8, k, weights)
+
+    def _step(self, metadata, q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor) -> None:
         tokens = metadata.num_actual_tokens
         keys, scales = indexer_page_views(self.k_cache.kv_cache, self.head_dim)
         hal.ops.indexer_k_cache_write(k[:tokens], keys, scales, metadata.slot_mapping,

@@ -69,4 +69,6 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int, *, use_ue8m0: bo
     `group_size` consecutive elements of the last dim shares one scale (amax / 448, a power of
     two when use_ue8m0), glm5_hal's fp8_block_quant."""
     import glm5_hal as hal
-    return hal.ops.fp8_block_quant(x, group_size, "ue8m0" if use_ue8m0 else None)
+    from .preflight import dispatch_scope
+    with dispatch_scope()():
+        return hal.ops.fp8_block_quant(x, group_size, "ue8m0" if use_ue8m0 else None)
