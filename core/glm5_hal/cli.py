@@ -376,8 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="F", help="write JUnit XML to F (for CI)")
     p.add_argument("--markdown", metavar="F", help="write the matrix as Markdown to F (README, PR)")
     p.add_argument("--certify", action="store_true",
-                   help="certification: also fail when an op/dtype the backend declares is only ever served "
-                        "by fallback; report expected errors the ops' own checks decided as 'contract'")
+                   help="certification: also fail when the backend's own implementation takes less than half "
+                        "of the cases of an op/dtype it declares, or declines one without a stated reason; list "
+                        "every declined case; report expected errors the ops' own checks decided as 'contract' "
+                        "(docs/conformance.md, Certification)")
     p.set_defaults(func=_cmd_conformance)
     actions = p.add_subparsers(dest="action", metavar="{merge,diff}",
                                help="instead of running the suite: merge or compare reports")
