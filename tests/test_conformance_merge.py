@@ -205,7 +205,7 @@ def test_diff_cli_gates_on_regressions_and_reads_reports_or_matrices(reports, tm
     assert cli.main(["conformance", "diff", str(base), str(worse_path)]) == 1
     out = capsys.readouterr().out
     assert "regressions (pass, fallback, skip or missing -> fail/error): 1" in out and "rms_norm/tiny/rows3_dim17/float16  pass -> fail (margin 4)" in out
-    assert "new fallbacks (pass -> fallback): 1" in out and "lost coverage (pass -> skip or gone): 1" in out
+    assert "new fallbacks (pass -> fallback): 1" in out and "lost coverage (pass -> skip, or gone): 1" in out
     assert "margin drift (> +0.25): 1" in out and "failing on: regression, fallback, coverage" in out
     assert cli.main(["conformance", "diff", "--json", "--fail-on", "drift", str(base), str(worse_path)]) == 1
     data = json.loads(capsys.readouterr().out)
@@ -268,6 +268,8 @@ NEW_FAILURES = {
     "pass -> skip": ({"a @ X": [(case(1), "skip", None)] + BASE["a @ X"][1:]}, "coverage"),
     "a passing case gone": ({"a @ X": BASE["a @ X"][1:]}, "coverage"),
     "a lost column of declines only": ({"a @ X": BASE["a @ X"]}, "coverage"),
+    "a failing case gone": ({"a @ X": BASE["a @ X"][:3]}, "coverage"),
+    "a declined case gone": ({"a @ X": BASE["a @ X"][:1] + BASE["a @ X"][2:]}, "coverage"),
 }
 OLD_WITH_DECLINED_COLUMN = {**BASE, "z @ W": [(case(1), "skip", None), (case(2), "fallback", None)]}
 NOT_FAILURES = {

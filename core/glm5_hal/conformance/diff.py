@@ -8,8 +8,8 @@ id. The findings, per (column, case):
   (fallback, skip), or missing there -- a new case, or a case of a new column, that fails
   counts too;
 - new fallback: pass -> fallback (the backend stopped taking the call: the reference ran);
-- lost coverage: pass -> skip, or the case is gone; and every column of OLD that NEW lacks,
-  whatever its cases' statuses;
+- lost coverage: pass -> skip; a case of OLD that NEW lacks, whatever its status (a failing
+  case that is no longer run is hidden, not fixed); and every column of OLD that NEW lacks;
 - drift: passing on both sides, but the margin grew by more than `drift` (margins are
   fractions of the tolerance bound, so 0.25 means a quarter of the bound was used up);
 - fixed: fail or error -> pass; and the new cases, counted by status.
@@ -111,10 +111,12 @@ def compare(old: Side, new: Side, drift: float = DEFAULT_DRIFT) -> Diff:
             change = Change(column, case, status, now, margin, now_margin)
             if now in _FAILING and status not in _FAILING:
                 d.regressions.append(change)
+            elif now == MISSING:   # whatever it was: a failure that is no longer run is hidden, not fixed
+                d.lost.append(change)
             elif status in _PASSING:
                 if now == FALLBACK:
                     d.fallbacks.append(change)
-                elif now in (SKIP, MISSING):
+                elif now == SKIP:
                     d.lost.append(change)
                 elif margin is not None and now_margin is not None and now_margin - margin > drift:
                     d.drift.append(change)
@@ -170,7 +172,7 @@ def format_diff(d: Diff, old: str, new: str, *, limit: int = 50) -> str:
     section("regressions (pass, fallback, skip or missing -> fail/error)", d.regressions,
             lambda c: f"{c.old} -> {c.new} (margin {margin(c.new_margin)})")
     section("new fallbacks (pass -> fallback)", d.fallbacks, lambda c: f"{c.old} -> {c.new}")
-    section("lost coverage (pass -> skip or gone)", d.lost, lambda c: f"{c.old} -> {c.new}")
+    section("lost coverage (pass -> skip, or gone)", d.lost, lambda c: f"{c.old} -> {c.new}")
     section(f"margin drift (> +{d.threshold:g})", d.drift,
             lambda c: f"margin {margin(c.old_margin)} -> {margin(c.new_margin)}")
     section("fixed (fail/error -> pass)", d.fixed, lambda c: f"{c.old} -> {c.new}")
