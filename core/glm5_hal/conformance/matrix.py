@@ -37,15 +37,16 @@ class RunReport:
     records: list[Record]
 
 
-def load_run(path: str | Path, *, allow_empty: bool = False) -> RunReport:
-    """The run report in `path`, checked (schema.check_run). A report without records (a run
-    that tested nothing) is refused unless `allow_empty`: merged, it would drop a lab silently."""
+def load_run(path: str | Path) -> RunReport:
+    """The run report in `path`, checked (schema.check_run), to merge. A report without
+    records (a run that tested nothing) is refused: merged, it would drop a lab silently.
+    (`diff` reads such a report, and fails on it as NEW.)"""
     data = read_json(path)
     if isinstance(data, dict) and data.get("kind") == MATRIX_KIND:
         raise HalError(f"conformance merge: {path} is a merged matrix; merge the run reports "
                        "it was made from (glm5-hal conformance --json)")
     check_run(data, str(path))
-    if not data["records"] and not allow_empty:
+    if not data["records"]:
         raise HalError(f"conformance: {path}: the report has no records (the run tested nothing)")
     return RunReport(str(path), data["meta"], [Record.from_dict(r) for r in data["records"]])
 
