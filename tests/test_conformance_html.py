@@ -165,6 +165,41 @@ def test_the_page_check_fails_on_a_broken_page(page, merged, tmp_path, breakage)
         check_page(page, broken, m, tmp_path / "broken.png")
 
 
+HOSTILE = ("<!--<script>", "</script><script>document.body.dataset.pwned = '1'</script>",
+           "<!-- x --> & &amp; \u2028 <b>bold</b>")
+
+
+def test_report_strings_cannot_break_the_page(merged, tmp_path):
+    """Strings from reports (reasons, notes, commands, differences) are data: none of them can
+    end the data script early or swallow the page's own script. (A page of its own: check_page
+    reads every request and error the page has seen.)"""
+    _, m = merged
+    m = json.loads(json.dumps(m))
+    hostile = " ".join(HOSTILE)
+    m["problems"][0]["reason"] = hostile
+    m["problems"][0]["inputs"] = HOSTILE[0]
+    m["columns"][0]["command"] = hostile
+    m["differences"] = m["differences"] + [hostile]
+    m["declines"][0]["reason"] = HOSTILE[1]
+    path = tmp_path / "hostile.html"
+    html.write_html(path, m)
+    with Page() as page:
+        check_page(page, path, m, tmp_path / "hostile.png")
+        _check_hostile_strings_shown(page, m)
+
+
+def _check_hostile_strings_shown(page: Page, m: dict) -> None:
+    hostile = " ".join(HOSTILE)
+    assert page.evaluate("document.body.dataset.pwned || ''") == ""
+    assert page.evaluate("document.querySelectorAll('script').length") == 2
+    problem = m["problems"][0]
+    text = page.evaluate(f"document.querySelector('details.case[data-case={json.dumps(problem['case'])}] dl').textContent")
+    assert hostile in text and HOSTILE[0] in text
+    assert page.evaluate("document.querySelector('#columns td.mono').textContent") == hostile
+    assert page.evaluate("[...document.querySelectorAll('#declines tr.decline td')].map((td) => td.textContent)"
+                         ).count(HOSTILE[1]) == 1
+
+
 @pytest.mark.skipif(not os.environ.get("GLM5_CI_MATRIX"),
                     reason="set by .ci/run to its merged report (reports/matrix.json)")
 def test_ci_merged_report_renders(page):

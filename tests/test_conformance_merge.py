@@ -172,7 +172,8 @@ NEW = {"a @ X": [("op/tiny/1/float32", "fail", 2.0), ("op/tiny/2/float32", "erro
 def test_diff_classifies_every_change():
     d = diff.compare(side(OLD), side(NEW), drift=0.25)
     cases = lambda changes: [(c.column, c.case.split("/")[2], c.old, c.new) for c in changes]
-    assert cases(d.regressions) == [("a @ X", "1", "pass", "fail"), ("a @ X", "2", "pass", "error")]
+    assert cases(d.regressions) == [("a @ X", "1", "pass", "fail"), ("a @ X", "2", "pass", "error"),
+                                    ("a @ X", "9", "missing", "fail")]   # a new case that fails
     assert cases(d.fallbacks) == [("a @ X", "3", "pass", "fallback")]
     assert cases(d.lost) == [("a @ X", "4", "pass", "skip"), ("a @ X", "7", "pass", "missing"),
                              ("b @ Y", "1", "pass", "missing")]
@@ -192,7 +193,7 @@ def test_diff_cli_gates_on_regressions_and_reads_reports_or_matrices(reports, tm
     base = tmp_path / "base.json"
     matrix.write_json(base, matrix.merge([matrix.load_run(cpu)]))
     assert cli.main(["conformance", "diff", str(base), str(cpu)]) == 0
-    assert "ok: none of regression" in capsys.readouterr().out
+    assert "ok: none of regression, fallback, coverage" in capsys.readouterr().out
     # the cpu column regresses: one case fails, one falls back, one is gone, one drifts
     worse = load(cpu)
     by_case = {r["case"]: r for r in worse["records"]}
@@ -203,9 +204,9 @@ def test_diff_cli_gates_on_regressions_and_reads_reports_or_matrices(reports, tm
     worse_path = write(tmp_path / "worse.json", worse)
     assert cli.main(["conformance", "diff", str(base), str(worse_path)]) == 1
     out = capsys.readouterr().out
-    assert "regressions (pass -> fail/error): 1" in out and "rms_norm/tiny/rows3_dim17/float16  pass -> fail (margin 4)" in out
-    assert "new fallbacks (pass -> fallback): 1" in out and "lost coverage (pass -> skip or gone): 1" in out
-    assert "margin drift (> +0.25): 1" in out and "failing on: regression" in out
+    assert "regressions (pass, fallback, skip or missing -> fail/error): 1" in out and "rms_norm/tiny/rows3_dim17/float16  pass -> fail (margin 4)" in out
+    assert "new fallbacks (pass -> fallback): 1" in out and "lost coverage (pass -> skip, or gone): 1" in out
+    assert "margin drift (> +0.25): 1" in out and "failing on: regression, fallback, coverage" in out
     assert cli.main(["conformance", "diff", "--json", "--fail-on", "drift", str(base), str(worse_path)]) == 1
     data = json.loads(capsys.readouterr().out)
     assert [c["case"] for c in data["drift"]] == ["rms_norm/tiny/rows17_dim129/float32"]
@@ -238,3 +239,221 @@ def test_diff_of_two_run_reports_uses_the_merge_columns(reports):
     new = copy.deepcopy(old)
     new.columns[next(iter(new.columns))]["glm5_hal"] = "0.2.0"
     assert diff.compare(old, new).notes == [f"{next(iter(old.columns))}: glm5_hal 0.1.0 -> 0.2.0"]
+
+
+# -- diff: every new failure fails the gate by default ------------------------------------------
+def matrix_file(path, records: dict[str, list], schema=1):
+    """A merged matrix as `merge --json` writes it, reduced to what diff reads."""
+    data = {"kind": matrix.MATRIX_KIND, "schema": schema, "columns": [{"key": col} for col in records],
+            "records": {col: {case: [status, margin] for case, status, margin in rows}
+                        for col, rows in records.items()}}
+    return write(path, data)
+
+
+def case(n):
+    return f"op/tiny/{n}/float32"
+
+
+BASE = {"a @ X": [(case(1), "pass", 0.1), (case(2), "fallback", None), (case(3), "skip", None),
+                  (case(4), "fail", 2.0)]}
+# each: NEW as a change of BASE; the kind of finding it is
+NEW_FAILURES = {
+    "fallback -> fail": ({"a @ X": [(case(1), "pass", 0.1), (case(2), "fail", 3.0), (case(3), "skip", None),
+                                    (case(4), "fail", 2.0)]}, "regression"),
+    "skip -> error": ({"a @ X": [(case(1), "pass", 0.1), (case(2), "fallback", None), (case(3), "error", None),
+                                 (case(4), "fail", 2.0)]}, "regression"),
+    "a brand-new failing case": ({"a @ X": BASE["a @ X"] + [(case(5), "fail", 9.0)]}, "regression"),
+    "a new column's failing case": ({**BASE, "b @ Y": [(case(1), "error", None)]}, "regression"),
+    "pass -> fallback": ({"a @ X": [(case(1), "fallback", None)] + BASE["a @ X"][1:]}, "fallback"),
+    "pass -> skip": ({"a @ X": [(case(1), "skip", None)] + BASE["a @ X"][1:]}, "coverage"),
+    "a passing case gone": ({"a @ X": BASE["a @ X"][1:]}, "coverage"),
+    "a lost column of declines only": ({"a @ X": BASE["a @ X"]}, "coverage"),
+    "a failing case gone": ({"a @ X": BASE["a @ X"][:3]}, "coverage"),
+    "a declined case gone": ({"a @ X": BASE["a @ X"][:1] + BASE["a @ X"][2:]}, "coverage"),
+}
+OLD_WITH_DECLINED_COLUMN = {**BASE, "z @ W": [(case(1), "skip", None), (case(2), "fallback", None)]}
+NOT_FAILURES = {
+    "the same": BASE,
+    "a failure that was failing": {"a @ X": BASE["a @ X"][:3] + [(case(4), "error", None)]},
+    "a decline that was declined": {"a @ X": [BASE["a @ X"][0], (case(2), "skip", None), (case(3), "fallback", None),
+                                              BASE["a @ X"][3]]},
+    "a new case that passes or declines": {"a @ X": BASE["a @ X"] + [(case(5), "pass", 0.1), (case(6), "fallback", None)]},
+    "a fix": {"a @ X": BASE["a @ X"][:3] + [(case(4), "pass", 0.5)]},
+}
+
+
+@pytest.mark.parametrize("change", NEW_FAILURES)
+def test_diff_fails_by_default_on_every_new_failure(change, tmp_path, capsys):
+    new, kind = NEW_FAILURES[change]
+    old = OLD_WITH_DECLINED_COLUMN if change == "a lost column of declines only" else BASE
+    old_path, new_path = matrix_file(tmp_path / "old.json", old), matrix_file(tmp_path / "new.json", new)
+    assert cli.main(["conformance", "diff", str(old_path), str(new_path)]) == 1
+    assert f"failing on: {kind}" in capsys.readouterr().out
+    # .ci/run's gate names the same kinds: the same verdict
+    ci = ["--fail-on", "regression", "--fail-on", "fallback", "--fail-on", "coverage"]
+    assert cli.main(["conformance", "diff", *ci, str(old_path), str(new_path)]) == 1
+    # --fail-on narrows: naming only another kind passes it
+    other = "drift" if kind != "drift" else "regression"
+    assert cli.main(["conformance", "diff", "--fail-on", other, str(old_path), str(new_path)]) == 0
+    assert cli.main(["conformance", "diff", "--fail-on", other, "--fail-on", kind, str(old_path), str(new_path)]) == 1
+
+
+@pytest.mark.parametrize("change", NOT_FAILURES)
+def test_diff_passes_what_is_no_new_failure(change, tmp_path, capsys):
+    old_path = matrix_file(tmp_path / "old.json", BASE)
+    new_path = matrix_file(tmp_path / "new.json", NOT_FAILURES[change])
+    assert cli.main(["conformance", "diff", str(old_path), str(new_path)]) == 0
+    assert "ok: none of regression, fallback, coverage" in capsys.readouterr().out
+
+
+def test_diff_widens_to_drift_on_request(tmp_path):
+    old_path = matrix_file(tmp_path / "old.json", BASE)
+    new_path = matrix_file(tmp_path / "new.json", {"a @ X": [(case(1), "pass", 0.9)] + BASE["a @ X"][1:]})
+    assert cli.main(["conformance", "diff", str(old_path), str(new_path)]) == 0
+    assert cli.main(["conformance", "diff", "--fail-on", "drift", str(old_path), str(new_path)]) == 1
+
+
+def test_an_empty_new_report_fails_the_diff_whatever_fail_on(reports, tmp_path, capsys):
+    cpu, _ = reports
+    empty = load(cpu)
+    empty["records"] = []
+    empty_path = write(tmp_path / "empty.json", empty)
+    for fail_on in ([], ["--fail-on", "drift"]):
+        assert cli.main(["conformance", "diff", *fail_on, str(cpu), str(empty_path)]) == 1
+        out = capsys.readouterr().out
+        assert "NEW holds no records" in out and "failing on: empty" in out
+    empty_matrix = matrix_file(tmp_path / "empty-matrix.json", {})
+    assert cli.main(["conformance", "diff", "--json", str(cpu), str(empty_matrix)]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["empty_new"] and data["failing"][0] == "empty"
+
+
+# -- malformed or incompatible reports: one line naming the file, exit 2 ------------------------
+def _record(report, **change):
+    report["records"][3].update(change)
+    return report
+
+
+def _drop(report, field):
+    del report["records"][3][field]
+    return report
+
+
+MALFORMED_RUNS = {
+    "a top-level list": (lambda r: r["records"], "expected a JSON object"),
+    "a record missing its status": (lambda r: _drop(r, "status"), "record 3 (rms_norm/tiny/"),
+    "a record missing its case": (lambda r: _drop(r, "case"), "record 3: lacks 'case'"),
+    "an unknown status": (lambda r: _record(r, status="flaky"), "status 'flaky' is not one of pass, fail"),
+    "a status of the wrong type": (lambda r: _record(r, status=["pass"]), "status must be a string"),
+    "a margin that is no number": (lambda r: _record(r, margin={"x": 1}), "margin must be a number, a string or null"),
+    "a case id without its op": (lambda r: _record(r, case="x"), "case id must be '<op>/<preset>/...'"),
+    "schema 99": (lambda r: dict(r, meta=dict(r["meta"], schema=99)), "report schema 99 is not one this glm5_hal reads (1, 2)"),
+    "a schema that is no number": (lambda r: dict(r, meta=dict(r["meta"], schema="2")), "report schema '2' is not one"),
+    "records that are no list": (lambda r: dict(r, records={"a": 1}), "records: expected a list, got an object"),
+    "meta that is no object": (lambda r: dict(r, meta=[]), "meta: expected an object, got a list"),
+    "backends facts of the wrong type": (lambda r: dict(r, meta=dict(r["meta"], backends={"cpu": "x"})),
+                                         "meta.backends.cpu: expected an object"),
+    "no records key": (lambda r: {"meta": r["meta"]}, "not a conformance report"),
+}
+
+
+@pytest.mark.parametrize("fault", MALFORMED_RUNS)
+def test_a_malformed_run_report_is_refused_in_one_line(fault, reports, tmp_path, capsys):
+    cpu, _ = reports
+    change, message = MALFORMED_RUNS[fault]
+    bad = write(tmp_path / "bad.json", change(load(cpu)))
+    for args in (["merge", str(bad)], ["merge", str(cpu), str(bad)], ["diff", str(bad), str(cpu)],
+                 ["diff", str(cpu), str(bad)]):
+        capsys.readouterr()
+        assert cli.main(["conformance", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"glm5-hal: error: conformance: {bad}: ") and message in err, err
+
+
+def _short_record(m):
+    key = next(iter(m["records"]))
+    case = next(iter(m["records"][key]))
+    m["records"][key][case] = m["records"][key][case][:1]
+    return m
+
+
+def _status(m, status):
+    key = next(iter(m["records"]))
+    case = next(iter(m["records"][key]))
+    m["records"][key][case][0] = status
+    return m
+
+
+MALFORMED_MATRICES = {
+    "a short record": (_short_record, "expected [status, margin], got ['pass']"),
+    "an unknown status": (lambda m: _status(m, "flaky"), "status 'flaky' is not one of"),
+    "schema 99": (lambda m: dict(m, schema=99), "matrix schema 99 is not one this glm5_hal reads (1)"),
+    "no columns": (lambda m: {k: v for k, v in m.items() if k != "columns"}, "columns: expected a list, got null"),
+    "a column without a key": (lambda m: dict(m, columns=[{}]), "columns[0]: expected an object with a string 'key'"),
+    "records of an unknown column": (lambda m: dict(m, columns=[]), "is not among the matrix's columns"),
+    "a column's machine that is no object": (lambda m: dict(m, columns=[dict(m["columns"][0], machine="x")]),
+                                             "machine must be an object, got a string"),
+}
+
+
+@pytest.mark.parametrize("fault", MALFORMED_MATRICES)
+def test_a_malformed_matrix_is_refused_in_one_line(fault, reports, tmp_path, capsys):
+    cpu, _ = reports
+    good = tmp_path / "m.json"
+    matrix.write_json(good, matrix.merge([matrix.load_run(cpu)]))
+    change, message = MALFORMED_MATRICES[fault]
+    bad = write(tmp_path / "bad.json", change(load(good)))
+    for args in (["diff", str(bad), str(cpu)], ["diff", str(good), str(bad)]):
+        capsys.readouterr()
+        assert cli.main(["conformance", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"glm5-hal: error: conformance: {bad}: ") and message in err, err
+
+
+def test_merge_refuses_an_empty_report_and_files_that_are_no_text(reports, tmp_path, capsys):
+    cpu, _ = reports
+    empty = write(tmp_path / "empty.json", dict(load(cpu), records=[]))
+    assert cli.main(["conformance", "merge", str(cpu), str(empty)]) == 2
+    assert f"conformance: {empty}: the report has no records (the run tested nothing)" in capsys.readouterr().err
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00{")
+    assert cli.main(["conformance", "merge", str(binary)]) == 2
+    assert f"conformance: {binary} is not UTF-8 text" in capsys.readouterr().err
+
+
+WRONG_VALUES = (None, True, 7, 1.5, "x", [], [1], {}, {"a": 1})
+
+
+def test_no_field_of_the_wrong_type_crashes_merge_or_diff(reports, tmp_path, capsys):
+    """Every field the readers use, set to every JSON type: merge (with all three outputs) and
+    diff either work or refuse the file with exit 2, never a traceback."""
+    cpu, _ = reports
+    base = load(cpu)
+    mutations = []
+    for field in base["meta"]:
+        mutations += [("meta", field, v) for v in WRONG_VALUES]
+    for field in base["records"][0]:
+        mutations += [("record", field, v) for v in WRONG_VALUES]
+    for field in ("device_name", "versions", "reason", "available"):
+        mutations += [("backend", field, v) for v in WRONG_VALUES]
+    for field in ("cpu", "cores", "accelerators", "memory_gib"):
+        mutations += [("machine", field, v) for v in WRONG_VALUES]
+    refused = 0
+    for where, field, value in mutations:
+        report = copy.deepcopy(base)
+        target = {"meta": report["meta"], "record": report["records"][0],
+                  "backend": report["meta"]["backends"]["cpu"], "machine": report["meta"]["machine"]}[where]
+        target[field] = value
+        path = write(tmp_path / "mutated.json", report)
+        out = tmp_path / "out"
+        code = cli.main(["conformance", "merge", str(path), "--markdown", str(out / "m.md"),
+                         "--html", str(out / "m.html"), "--json", str(out / "m.json")])
+        assert code in (0, 2), (where, field, value)
+        if code == 0:
+            assert cli.main(["conformance", "diff", str(out / "m.json"), str(path)]) in (0, 1)
+        else:
+            refused += 1
+            assert capsys.readouterr().err.count("\n") == 1, (where, field, value)
+            assert cli.main(["conformance", "diff", str(cpu), str(path)]) == 2
+        capsys.readouterr()
+    assert 0 < refused < len(mutations)

@@ -223,7 +223,7 @@ def _cmd_conformance_diff(args: argparse.Namespace) -> int:
     _refuse_run_options(args, "diff")
     old, new = diff.load(args.old), diff.load(args.new)
     result = diff.compare(old, new, args.drift)
-    fail_on = tuple(args.fail_on or ("regression",))
+    fail_on = tuple(dict.fromkeys(args.fail_on or diff.DEFAULT_FAIL_ON))
     failing = result.failing(fail_on)
     if args.json_flag:
         print(json.dumps(dict(result.to_dict(), fail_on=list(fail_on), failing=failing), indent=1))
@@ -376,8 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="F", help="write JUnit XML to F (for CI)")
     p.add_argument("--markdown", metavar="F", help="write the matrix as Markdown to F (README, PR)")
     p.add_argument("--certify", action="store_true",
-                   help="certification: also fail when an op/dtype the backend declares is only ever served "
-                        "by fallback; report expected errors the ops' own checks decided as 'contract'")
+                   help="certification: also fail when the backend's own implementation takes less than half "
+                        "of the cases of an op/dtype it declares, or declines one without a stated reason; list "
+                        "every declined case; report expected errors the ops' own checks decided as 'contract' "
+                        "(docs/conformance.md, Certification)")
     p.set_defaults(func=_cmd_conformance)
     actions = p.add_subparsers(dest="action", metavar="{merge,diff}",
                                help="instead of running the suite: merge or compare reports")
@@ -391,9 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", dest="json_out", metavar="F",
                    help="write the matrix as JSON to F (a baseline for conformance diff)")
     m.set_defaults(func=_cmd_conformance_merge)
-    d = actions.add_parser("diff", help="what got worse between two reports (exit 1 on a regression)",
-                           description="Regressions (pass -> fail/error), new fallbacks, lost coverage and "
-                                       "margin drift from OLD to NEW, each a run report or a merged matrix.")
+    d = actions.add_parser("diff", help="what got worse between two reports (exit 1 on a new failure, "
+                                        "fallback or lost coverage)",
+                           description="Regressions (fail/error in NEW where OLD passed, declined or lacked "
+                                       "the case), new fallbacks, lost coverage (cases and columns) and "
+                                       "margin drift from OLD to NEW, each a run report or a merged matrix. "
+                                       "Exit status 1 on a finding of a --fail-on kind or an empty NEW, 2 on "
+                                       "an unreadable or malformed report.")
     d.add_argument("old", metavar="OLD.json")
     d.add_argument("new", metavar="NEW.json")
     d.add_argument("--json", dest="json_flag", action="store_true", help="machine-readable output")
@@ -401,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report a passing case whose margin grew by more than X (default 0.25: a "
                         "quarter of its tolerance bound)")
     d.add_argument("--fail-on", action="append", choices=("regression", "fallback", "coverage", "drift"),
-                   help="findings that make the exit status 1 (repeatable; default: regression)")
+                   help="findings that make the exit status 1 (repeatable; the kinds given replace the "
+                        "default: regression, fallback and coverage)")
     d.set_defaults(func=_cmd_conformance_diff)
 
     p = sub.add_parser("demo", help="generate with a GLM-5-architecture model through the HAL: the tiny one, "

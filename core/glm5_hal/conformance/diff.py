@@ -4,15 +4,18 @@ Either side is a run report (`glm5-hal conformance --json`) or a merged matrix
 (`glm5-hal conformance merge --json`); cases are matched by column (backend @ chip) and case
 id. The findings, per (column, case):
 
-- regression: pass -> fail or error;
+- regression: failing (fail or error) in NEW and not failing in OLD: passing, declined
+  (fallback, skip), or missing there -- a new case, or a case of a new column, that fails
+  counts too;
 - new fallback: pass -> fallback (the backend stopped taking the call: the reference ran);
-- lost coverage: pass -> skip, or the case (or the whole column) is gone;
+- lost coverage: pass -> skip; a case of OLD that NEW lacks, whatever its status (a failing
+  case that is no longer run is hidden, not fixed); and every column of OLD that NEW lacks;
 - drift: passing on both sides, but the margin grew by more than `drift` (margins are
   fractions of the tolerance bound, so 0.25 means a quarter of the bound was used up);
 - fixed: fail or error -> pass; and the new cases, counted by status.
 
-Which findings make the command exit 1 is the caller's choice (`fail_on`); by default only
-regressions.
+Which findings make the command exit 1 is the caller's choice (`fail_on`); by default every
+kind but drift. A NEW side without a single record (a run that tested nothing) always fails.
 """
 from __future__ import annotations
 
@@ -20,12 +23,20 @@ import collections
 import dataclasses
 from pathlib import Path
 
-from ..errors import HalError
 from .matrix import MATRIX_KIND, RunReport, merge, number, read_json
-from .record import ERROR, FAIL, FALLBACK, PASS, SKIP, Record
+from .record import CONTRACT, ERROR, FAIL, FALLBACK, PASS, SKIP, Record
+from .schema import check_matrix, check_run
 
 KINDS = ("regression", "fallback", "coverage", "drift")
+#: what fails the diff unless --fail-on says otherwise: every case that is not passing in NEW
+#: and was passing, missing or declined in OLD, and every lost column
+DEFAULT_FAIL_ON = ("regression", "fallback", "coverage")
+#: the finding no --fail-on can leave out: NEW holds no records at all
+EMPTY = "empty"
 DEFAULT_DRIFT = 0.25
+MISSING = "missing"
+_PASSING = (PASS, CONTRACT)   # contract: certification's name for an expected error the op's checks decided
+_FAILING = (FAIL, ERROR)
 
 
 @dataclasses.dataclass
@@ -37,10 +48,13 @@ class Side:
 
 
 def load(path: str | Path) -> Side:
+    """A side read from `path`, checked (schema): a run report, merged as `merge` would, or a
+    merged matrix. A run report without records is read (it is a finding, not an input error)."""
     data = read_json(path)
-    if data.get("kind") != MATRIX_KIND:
-        if "records" not in data or "meta" not in data:
-            raise HalError(f"conformance diff: {path} is neither a conformance report nor a merged matrix")
+    if isinstance(data, dict) and data.get("kind") == MATRIX_KIND:
+        check_matrix(data, str(path))
+    else:
+        check_run(data, str(path))
         data = merge([RunReport(str(path), data["meta"], [Record.from_dict(r) for r in data["records"]])])
     records = {col: {case: (v[0], number(v[1])) for case, v in cases.items()}
                for col, cases in data["records"].items()}
@@ -69,12 +83,13 @@ class Diff:
     new_columns: list[str]
     notes: list[str]                          # differences between the two sides' runs
     threshold: float
+    empty: bool = False                       # NEW holds no records
 
     def failing(self, fail_on: tuple[str, ...]) -> list[str]:
-        """The kinds of finding, among `fail_on`, that are present."""
+        """The kinds of finding, among `fail_on`, that are present; `empty` whatever `fail_on`."""
         present = {"regression": self.regressions, "fallback": self.fallbacks,
-                   "coverage": self.lost, "drift": self.drift}
-        return [k for k in fail_on if present[k]]
+                   "coverage": self.lost or self.lost_columns, "drift": self.drift}
+        return [EMPTY] * self.empty + [k for k in fail_on if present[k]]
 
     def to_dict(self) -> dict:
         as_list = lambda changes: [dataclasses.asdict(c) for c in changes]
@@ -82,33 +97,38 @@ class Diff:
                 "lost_coverage": as_list(self.lost), "drift": as_list(self.drift),
                 "fixed": as_list(self.fixed), "new_cases": self.new_cases,
                 "lost_columns": self.lost_columns, "new_columns": self.new_columns,
-                "notes": self.notes, "drift_threshold": self.threshold}
+                "notes": self.notes, "drift_threshold": self.threshold, "empty_new": self.empty}
 
 
 def compare(old: Side, new: Side, drift: float = DEFAULT_DRIFT) -> Diff:
     d = Diff([], [], [], [], [], {}, [c for c in old.records if c not in new.records],
-             [c for c in new.records if c not in old.records], _notes(old, new), drift)
+             [c for c in new.records if c not in old.records], _notes(old, new), drift,
+             empty=not any(new.records.values()))
     for column, old_cases in old.records.items():
         new_cases = new.records.get(column, {})
         for case, (status, margin) in old_cases.items():
-            now, now_margin = new_cases.get(case, ("missing", None))
+            now, now_margin = new_cases.get(case, (MISSING, None))
             change = Change(column, case, status, now, margin, now_margin)
-            if status == PASS:
-                if now in (FAIL, ERROR):
-                    d.regressions.append(change)
-                elif now == FALLBACK:
+            if now in _FAILING and status not in _FAILING:
+                d.regressions.append(change)
+            elif now == MISSING:   # whatever it was: a failure that is no longer run is hidden, not fixed
+                d.lost.append(change)
+            elif status in _PASSING:
+                if now == FALLBACK:
                     d.fallbacks.append(change)
-                elif now in (SKIP, "missing"):
+                elif now == SKIP:
                     d.lost.append(change)
                 elif margin is not None and now_margin is not None and now_margin - margin > drift:
                     d.drift.append(change)
-            elif status in (FAIL, ERROR) and now == PASS:
+            elif status in _FAILING and now in _PASSING:
                 d.fixed.append(change)
     for column, new_cases in new.records.items():
         old_cases = old.records.get(column, {})
-        added = collections.Counter(s for case, (s, _) in new_cases.items() if case not in old_cases)
+        added = {case: v for case, v in new_cases.items() if case not in old_cases}
+        d.regressions += [Change(column, case, MISSING, s, None, m) for case, (s, m) in added.items()
+                          if s in _FAILING]
         if added:
-            d.new_cases[column] = dict(added)
+            d.new_cases[column] = dict(collections.Counter(s for s, _ in added.values()))
     return d
 
 
@@ -135,6 +155,8 @@ def _show(v) -> str:
 
 def format_diff(d: Diff, old: str, new: str, *, limit: int = 50) -> str:
     lines = [f"conformance diff {old} -> {new}"]
+    if d.empty:
+        lines.append(f"NEW holds no records: the run tested nothing ({new})")
     lines += [f"note: {n}" for n in d.notes]
     lines += [f"column gone: {c}" for c in d.lost_columns]
     lines += [f"new column: {c}" for c in d.new_columns]
@@ -147,10 +169,10 @@ def format_diff(d: Diff, old: str, new: str, *, limit: int = 50) -> str:
             lines.append(f"  ... and {len(changes) - limit} more (--json lists all)")
 
     margin = lambda m: "-" if m is None else f"{m:.3g}"
-    section("regressions (pass -> fail/error)", d.regressions,
+    section("regressions (pass, fallback, skip or missing -> fail/error)", d.regressions,
             lambda c: f"{c.old} -> {c.new} (margin {margin(c.new_margin)})")
     section("new fallbacks (pass -> fallback)", d.fallbacks, lambda c: f"{c.old} -> {c.new}")
-    section("lost coverage (pass -> skip or gone)", d.lost, lambda c: f"{c.old} -> {c.new}")
+    section("lost coverage (pass -> skip, or gone)", d.lost, lambda c: f"{c.old} -> {c.new}")
     section(f"margin drift (> +{d.threshold:g})", d.drift,
             lambda c: f"margin {margin(c.old_margin)} -> {margin(c.new_margin)}")
     section("fixed (fail/error -> pass)", d.fixed, lambda c: f"{c.old} -> {c.new}")

@@ -22,11 +22,18 @@ def to_html(matrix: dict) -> str:
     view = {k: v for k, v in matrix.items() if k != "records"}   # the page needs no per-case list
     view["meaning"] = MEANING
     data = json.dumps(json_safe(view), allow_nan=False, separators=(",", ":"))
-    # inside <script>, only "</" can end the element early; "<\/" is the same JSON string
-    data = data.replace("</", "<\\/")
+    data = embeddable(data)
     title = f"glm5_hal conformance: {len(matrix['columns'])} columns"
     return (_PAGE.replace("{{TITLE}}", title).replace("{{CSS}}", _CSS).replace("{{JS}}", _JS)
             .replace("{{DATA}}", data))
+
+
+def embeddable(data: str) -> str:
+    """JSON text that the HTML parser reads as plain text inside <script>: every `<`, `>` and
+    `&` becomes its JSON escape (the same string to JSON.parse). Escaping "</" alone is not
+    enough: "<!--" followed by "<script" puts the parser in the script's double-escaped state,
+    where the element's own closing tag no longer ends it and the page's script is swallowed."""
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def write_html(path: str | Path, matrix: dict) -> None:

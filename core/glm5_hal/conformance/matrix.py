@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import HalError
 from .record import CONTRACT, ERROR, FAIL, FALLBACK, PASS, SKIP, STATUSES, Record, json_safe
 from .report import one_line, write_text
+from .schema import check_run
 
 MATRIX_KIND = "glm5_hal.conformance.matrix"
 MATRIX_SCHEMA = 1
@@ -37,22 +38,31 @@ class RunReport:
 
 
 def load_run(path: str | Path) -> RunReport:
+    """The run report in `path`, checked (schema.check_run), to merge. A report without
+    records (a run that tested nothing) is refused: merged, it would drop a lab silently.
+    (`diff` reads such a report, and fails on it as NEW.)"""
     data = read_json(path)
-    if data.get("kind") == MATRIX_KIND:
+    if isinstance(data, dict) and data.get("kind") == MATRIX_KIND:
         raise HalError(f"conformance merge: {path} is a merged matrix; merge the run reports "
                        "it was made from (glm5-hal conformance --json)")
-    if "records" not in data or "meta" not in data:
-        raise HalError(f"conformance: {path} is not a conformance report (no 'meta' and 'records')")
+    check_run(data, str(path))
+    if not data["records"]:
+        raise HalError(f"conformance: {path}: the report has no records (the run tested nothing)")
     return RunReport(str(path), data["meta"], [Record.from_dict(r) for r in data["records"]])
 
 
-def read_json(path: str | Path) -> dict:
+def read_json(path: str | Path):
+    """The JSON in `path`, unchecked (any JSON value)."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise HalError(f"conformance: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise HalError(f"conformance: {path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise HalError(f"conformance: {path} is not JSON: {exc}") from None
+    except RecursionError:
+        raise HalError(f"conformance: {path}: JSON nested too deeply to be a report") from None
 
 
 # -- columns ---------------------------------------------------------------------------------

@@ -213,7 +213,26 @@ def to_markdown(records: list[Record], meta: dict, *, max_problems: int = 50) ->
             lines.append(f"| `{r.backend}` | `{r.case}` | {r.status} | {reason} |")
         if len(problems) > max_problems:
             lines.append(f"\n... and {len(problems) - max_problems} more (see the JSON report)")
+    for backend, verdict in meta.get("certification", {}).items():
+        lines += _certification_markdown(backend, verdict)
     return "\n".join(lines) + "\n"
+
+
+def _certification_markdown(backend: str, v: dict) -> list[str]:
+    """A certify run's verdict: problems, every declared cell's coverage, every declined case."""
+    cell = lambda text: one_line(str(text), 300).replace("|", "\\|")
+    lines = ["", f"### Certification of `{backend}`: {'certified' if v['certified'] else 'NOT certified'}", ""]
+    lines += [f"- {cell(p)}" for p in v["problems"]]
+    if v.get("cells"):
+        lines += ["", f"Declared op and dtype cells (certification needs a served share of at least "
+                      f"{v['min_served_share']:.0%}):", "",
+                  "| op | dtype | served | declined | contract | share |", "|---|---|---|---|---|---|"]
+        lines += [f"| `{c['op']}` | {c['dtype']} | {c['served']} | {c['declined']} | {c['contract']} | "
+                  f"{c['share']:.0%}{'' if c['ok'] else ' ❌'} |" for c in v["cells"]]
+    if v.get("declined"):
+        lines += ["", f"Declined cases ({len(v['declined'])}):", "", "| case | reason |", "|---|---|"]
+        lines += [f"| `{d['case']}` | {cell(d['reason'])} |" for d in v["declined"]]
+    return lines
 
 
 def write_markdown(path: str | Path, records: list[Record], meta: dict) -> None:
