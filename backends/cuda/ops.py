@@ -45,7 +45,7 @@ DENSE_MAX_POSITIONS = 1 << 28
 
 #: The constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
-    "torch.rms_norm": "the fused CUDA kernel (torch >= 2.11 verified); weight in x's dtype",
+    "torch.rms_norm": "the fused CUDA kernel (torch 2.11 - 2.15 verified); weight in x's dtype",
     "torch._grouped_mm": "bf16 on sm_90 / sm_100 (its CUTLASS path); other dtypes and GPUs loop per group after "
                          "copying the offsets to the host, a sync per call: declined",
     "flash_mla_sparse_fwd": "sparse_mla_attention and sparse_mla_decode_paged (over the flattened cache): bf16, "
@@ -57,7 +57,9 @@ OP_LIMITS = {
                                                                 "bf16 output, N % 8 == 0 (16-byte TMA rows); "
                                                                 "grouped rows re-laid per expert on 128-row "
                                                                 "boundaries on the device",
-    "torch._scaled_mm": "fp8_block_gemm on sm_90 (1x128 x 128x128 scales), bf16 output, N % 16 == 0",
+    "torch._scaled_mm": "fp8_block_gemm on sm_90 (1x128 x 128x128 scales), bf16 output, K and N % 16 == 0; "
+                        "ceil(K/128) % 4 == 0 or N <= 128 (cuBLASLt reads the weight scales with that count "
+                        "rounded up to 4; torch._scaled_mm takes them only unpadded)",
     "kernels: dense_mla_decode_paged": "the sparse decode kernel over every position of the block table "
                                        f"(at most {DENSE_MAX_POSITIONS} positions per call)",
     **gpu.KERNEL_LIMITS,
@@ -308,7 +310,24 @@ def _scaled_mm_declined(backend: "CudaBackend", k: int, n: int, out_dtype: torch
         return f"torch._scaled_mm with block scales: only a bf16 output is verified, not {dtype_name(out_dtype)}"
     if n % 16 or k % 16:
         return f"torch._scaled_mm (cuBLASLt) needs K and N multiples of 16, got K = {k}, N = {n}"
-    return None
+    return _scaled_mm_padding_declined(k, n)
+
+
+def _scaled_mm_padding_declined(k: int, n: int) -> str | None:
+    """cuBLASLt reads the 128x128 weight scales as [L4, ceil(N/128)] K-major, L4 = ceil(K/128)
+    rounded up to 4 (pytorch test/test_scaled_matmul_cuda.py @00166b21, _pad_128x128_scales);
+    torch._scaled_mm checks them for the unpadded stride ceil(K/128) and passes only the
+    pointer (ScaledBlas.cpp is_blockwise_128x128_scaling @0174dfab, the same in the 2.11 - 2.15
+    wheels). The two layouts agree when ceil(K/128) is a multiple of 4 or there is one column
+    of weight blocks; otherwise the padded layout cannot be passed and the unpadded one would be
+    read wrongly, without an error (arch.SCALED_MM_SCALE_K_BLOCKS_MULTIPLE)."""
+    k_blocks, n_blocks = -(-k // BLOCK), -(-n // BLOCK)
+    multiple = arch.SCALED_MM_SCALE_K_BLOCKS_MULTIPLE
+    if k_blocks % multiple == 0 or n_blocks <= 1:
+        return None
+    return (f"torch._scaled_mm: cuBLASLt reads the 128x128 weight scales with ceil(K/128) = {k_blocks} rounded up "
+            f"to {-(-k_blocks // multiple) * multiple} per row of weight blocks, but torch._scaled_mm accepts them "
+            f"only unpadded ({n_blocks} rows of {k_blocks}): the result would be silently wrong (K = {k}, N = {n})")
 
 
 def _empty_product(a: Tensor, n: int, out_dtype: torch.dtype) -> Tensor | None:
@@ -349,7 +368,8 @@ def fp8_block_gemm(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tensor
         backend.runtime.deep_gemm.fp8_gemm_nt((a, a_scale), (w, w_scale), out)
         return out
     # cuBLASLt's DeepSeek recipe: A row-major with 1x128 scales outer-dim-major [M, K/128],
-    # B = w^T column-major with 128x128 scales given as the transpose of [N/128, K/128]
+    # B = w^T column-major with 128x128 scales given as the transpose of [N/128, K/128]; supports()
+    # admitted only shapes where that unpadded buffer is also cuBLASLt's padded layout
     return backend.runtime.torch._scaled_mm(a, w.t(), a_scale.t().contiguous().t(), w_scale.t(),
                                            out_dtype=out_dtype, use_fast_accum=False)
 
