@@ -28,6 +28,11 @@ declares and calls them, at v0.10.1.1 (ba13599), v0.11.0 (e9f0322) and main (098
 * xspeedgate_ops.hadamard_transform as baidu-baige/sglang-kunlun calls it
   (sglang_kunlun/kernels/kernel_ops.py @cc7183ac).
 
+Output buffers vLLM-Kunlun always zero-fills (block_statistic, expert_m, sorted_tokens_num_lod,
+moe_index) are written only where the emulated kernel has something to write (rows of the
+histogram for the chunks it has, counts of experts with rows, the lod after its first entry), so
+an uninitialised buffer leaks into the result as it could on the XPU.
+
 Where the public calls stop, the emulator stops too: other argument combinations, undefined
 block_statistic tensors, expert counts above the 256 of the models vLLM-Kunlun's tutorials
 serve, int8 paths before v0.11.0 raise `NotEmulatedError`. Violations of what the sources do
@@ -102,13 +107,15 @@ def _tensor(op: str, name: str, t: object, dtypes: Sequence[torch.dtype] | None 
     return t
 
 
-def _histogram(flat_ids: Tensor, experts: int) -> Tensor:
-    """The [12, experts] block_statistic: per-expert counts of 12 contiguous chunks of the ids."""
-    out = torch.zeros(BLOCK_STATISTIC_ROWS, experts, dtype=_I32)
+def _write_histogram(into: Tensor, flat_ids: Tensor, experts: int) -> None:
+    """The [12, experts] block_statistic: per-expert counts of up to 12 contiguous chunks of the
+    ids, one row per chunk. Fewer ids than 12 full chunks leave the last rows as they were: the
+    kernel writes the rows of the chunks it has, and every public caller zero-fills the buffer
+    first (torch.zeros in fused_moe, vllm_kunlun/ops/_kunlun_ops.py:406 @09869ee, and
+    compressed_tensors_moe.py:144), which is what makes the rows it skips read as zero."""
     chunk = max(1, -(-flat_ids.numel() // BLOCK_STATISTIC_ROWS))
     for row, part in enumerate(flat_ids.split(chunk)):
-        out[row] = torch.bincount(part.long(), minlength=experts).to(_I32)
-    return out
+        into[row] = torch.bincount(part.long(), minlength=experts).to(_I32)
 
 
 class _Counted:
@@ -279,7 +286,7 @@ class OpsC(_Counted):
         weights = weights / weights.sum(dim=-1, keepdim=True) * float(scale)
         topk_index.copy_(ids.to(_I32))
         norm_score.copy_(weights)
-        block_static.copy_(_histogram(ids.reshape(-1), experts))
+        _write_histogram(block_static, ids.reshape(-1), experts)
 
     def gen_block_statistic(self, topk_ids, block_statistic):
         op = "gen_block_statistic"
@@ -291,7 +298,7 @@ class OpsC(_Counted):
         flat = topk_ids.reshape(-1)
         _require(flat.numel() == 0 or bool(((flat >= 0) & (flat < experts)).all()), op,
                  f"topk ids must lie in [0, {experts})")
-        block_statistic.copy_(_histogram(flat, experts))
+        _write_histogram(block_statistic, flat, experts)
 
     def moe_pre_sorted(self, x, topk_index, block_statistic, moe_expand, moe_index, expert_m,
                        sorted_tokens_num_lod, index_have_neg=False):
@@ -318,8 +325,14 @@ class OpsC(_Counted):
         moe_expand.copy_(x[slot_token[order]])
         moe_index.copy_(torch.argsort(order).to(_I32))
         counts = torch.bincount(flat, minlength=experts)
-        expert_m.copy_(counts.to(_I32))
-        sorted_tokens_num_lod[0] = 0
+        # Written only where there is something to write: the count of an expert that has rows,
+        # and the lod's running ends (lod[0] stays as found). vLLM-Kunlun zero-fills expert_m,
+        # sorted_tokens_num_lod and moe_index before every call (torch.zeros,
+        # ops/_kunlun_ops.py:534-548 @09869ee, compressed_tensors_moe.py:176-185 @09869ee, the same
+        # at v0.10.1.1 and v0.11.0); what the closed kernel leaves unwritten is undocumented, and
+        # this is the reading under which that zero-fill matters. moe_index gets every slot.
+        used = counts > 0
+        expert_m[used] = counts[used].to(_I32)
         sorted_tokens_num_lod[1:].copy_(counts.cumsum(0).to(_I32))
 
     def moe_fc(self, x, weight, sorted_tokens_num_lod, sorted_tokens_idx, moe_topk, y, act=None,
