@@ -459,27 +459,21 @@ def test_fp8_block_gemm_calls_outside_both_are_declined_with_reasons(hal_state):
 
 
 @pytest.mark.parametrize("k, n", [(640, 256), (256, 208), (1280, 384)])
-def test_scaled_mm_declines_weight_scales_cublaslt_would_read_padded(hal_state, monkeypatch, k, n):
+def test_scaled_mm_pads_k_where_cublaslt_reads_the_weight_scales_padded(hal_state, k, n):
     """cuBLASLt reads the 128x128 weight scales with ceil(K/128) rounded up to 4 per row of weight
     blocks (the emulator reads them so); torch._scaled_mm accepts only the unpadded buffer. With
-    ceil(K/128) % 4 != 0 and more than one row of weight blocks the adapter must decline: the
-    result would be silently wrong (shown by calling the emulated torch._scaled_mm as the
-    adapter would)."""
-    backend = register(hal_state, monkeypatch, "H200", deep_gemm=None)
+    ceil(K/128) % 4 != 0 and more than one row of weight blocks the adapter zero-pads K to a
+    multiple of 512, where both layouts agree; the unpadded call (what the adapter used to make,
+    made here directly) is silently wrong."""
+    backend = register_on_device(hal_state, "H200", deep_gemm=None)
     g = seeded(14)
     (a, a_scale), (w, w_scale) = fp8_activations(g, 24, k), fp8_weights(g, n, k=k)
-    k_blocks, n_blocks = -(-k // 128), -(-n // 128)
-    assert backend.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16) == (
-        f"DeepGEMM: deep_gemm not installed (DeepGEMM, github.com/deepseek-ai/DeepGEMM); torch._scaled_mm: cuBLASLt "
-        f"reads the 128x128 weight scales with ceil(K/128) = {k_blocks} rounded up to {-(-k_blocks // 4) * 4} per row "
-        f"of weight blocks, but torch._scaled_mm accepts them only unpadded ({n_blocks} rows of {k_blocks}): the "
-        f"result would be silently wrong (K = {k}, N = {n})")
     want = hal.reference.fp8_block_gemm(a, a_scale, w, w_scale, BF16)
-    with pytest.warns(hal.FallbackWarning, match="silently wrong"):        # the reference ran instead
-        torch.testing.assert_close(hal.ops.fp8_block_gemm(a, a_scale, w, w_scale, BF16), want)
-    misread = backend.runtime.torch._scaled_mm(a, w.t(), a_scale.t().contiguous().t(), w_scale.t(),
-                                               out_dtype=BF16, use_fast_accum=False)
-    assert not torch.allclose(misread.float(), want.float(), rtol=1.6e-2, atol=1e-2, equal_nan=False)
+    _gemm_close(on_device(backend, "fp8_block_gemm", a, a_scale, w, w_scale, BF16), want)
+    assert backend.runtime.calls["_scaled_mm"] == 1
+    misread = CudaEmulator("H200").torch._scaled_mm(a, w.t(), a_scale.t().contiguous().t(), w_scale.t(),
+                                                    out_dtype=BF16, use_fast_accum=False)
+    assert not torch.allclose(misread.float(), want.float(), rtol=1.6e-2, atol=1e-2)
 
 
 def test_the_emulated_scaled_mm_reads_a_padded_weight_scale_buffer_as_cublaslt_does():

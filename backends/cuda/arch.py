@@ -202,6 +202,7 @@ TORCH_GROUPED_MM = Behaviour(
 #: is_desired_scaling in every wheel read), and hands cuBLASLt only the pointer. So where
 #: ceil(K/128) % 4 != 0 and ceil(N/128) > 1 the only layout v1 takes is not the one cuBLASLt
 #: reads: every weight-block row after the first would be read at the wrong offset, silently.
+#: The adapter zero-pads K there until ceil(K/128) is a multiple of this (ops._pad_k).
 SCALED_MM_SCALE_K_BLOCKS_MULTIPLE = 4
 TORCH_SCALED_MM_BLOCKWISE = Behaviour(
     "torch_scaled_mm_blockwise", "torch", (
