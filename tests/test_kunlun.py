@@ -361,6 +361,20 @@ def test_moe_permute_zero_fills_the_buffers_the_kernels_do_not_write_whole(xpu, 
     for got, want in zip(hal.ops.moe_permute(x, ids, experts), ref.moe_permute(x, ids, experts)):
         assert torch.equal(got, want)
     assert xpu.calls["_C.moe_pre_sorted"] == 1
+    assert xpu.C.unzeroed_buffers == []     # moe_index included, which the emulated kernel writes whole
+
+
+def test_moe_route_zero_fills_the_sigmoid_kernels_block_static(xpu, poisoned_empty):
+    """fused_moe allocates the [12, E] block_static with torch.zeros (ops/_kunlun_ops.py:406
+    @09869ee); the routing outputs do not show it, the emulator's record of buffers that arrive
+    non-zero does."""
+    g = seeded(7)
+    logits, bias = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
+    args = (logits, bias, 2, 4, 2, 2.5, True, "sigmoid")
+    assert chosen("moe_route", *args) == f"{EMU}.moe_route"
+    for got, want in zip(hal.ops.moe_route(*args), ref.moe_route(*args)):
+        torch.testing.assert_close(got, want)
+    assert xpu.calls["_C.moe_sigmoid_group_topk_norm"] == 1 and xpu.C.unzeroed_buffers == []
 
 
 def test_the_emulated_moe_kernels_leave_what_they_do_not_write():
@@ -374,13 +388,15 @@ def test_the_emulated_moe_kernels_leave_what_they_do_not_write():
     assert torch.equal(histogram[4:], torch.full((8, 5), 7, dtype=I32))      # 4 ids: rows 4-11 untouched
     expert_m, lod = torch.full((5,), 9, dtype=I32), torch.full((6,), 9, dtype=I32)
     args = dict(x=torch.randn(2, 4), topk_index=ids, moe_expand=torch.empty(4, 4),
-                moe_index=torch.empty(4, dtype=I32), expert_m=expert_m, sorted_tokens_num_lod=lod)
+                moe_index=torch.zeros(4, dtype=I32), expert_m=expert_m, sorted_tokens_num_lod=lod)
     with pytest.raises(XpuOpError, match="block_statistic is not the histogram"):
         C.moe_pre_sorted(block_statistic=histogram, **args)
     fresh = torch.zeros(12, 5, dtype=I32)
     C.gen_block_statistic(ids, fresh)
     C.moe_pre_sorted(block_statistic=fresh, **args)
     assert expert_m.tolist() == [1, 9, 2, 1, 9] and lod.tolist() == [9, 1, 1, 3, 4, 4]
+    assert C.unzeroed_buffers == ["gen_block_statistic.block_statistic", "moe_pre_sorted.expert_m",
+                                  "moe_pre_sorted.sorted_tokens_num_lod"]
 
 
 def test_moe_permute_counts_the_dropped_id_expert_against_the_limit(xpu):

@@ -31,7 +31,8 @@ declares and calls them, at v0.10.1.1 (ba13599), v0.11.0 (e9f0322) and main (098
 Output buffers vLLM-Kunlun always zero-fills (block_statistic, expert_m, sorted_tokens_num_lod,
 moe_index) are written only where the emulated kernel has something to write (rows of the
 histogram for the chunks it has, counts of experts with rows, the lod after its first entry), so
-an uninitialised buffer leaks into the result as it could on the XPU.
+an uninitialised buffer leaks into the result as it could on the XPU; every such buffer that
+arrives non-zero is also named in `C.unzeroed_buffers`.
 
 Where the public calls stop, the emulator stops too: other argument combinations, undefined
 block_statistic tensors, expert counts above the 256 of the models vLLM-Kunlun's tutorials
@@ -207,9 +208,18 @@ class OpsC(_Counted):
     def __init__(self, calls: collections.Counter, prefix: str, version: str) -> None:
         super().__init__(calls, prefix)
         self.fc_acts: list = []
+        #: "op.argument" for every buffer that every vLLM-Kunlun call site zero-fills
+        #: (block_statistic / block_static, moe_index, expert_m, sorted_tokens_num_lod) but that
+        #: arrived holding something else: what the closed kernel then reads is undefined
+        self.unzeroed_buffers: list[str] = []
         self._w8a8 = leading_numbers(version)[:3] >= _W8A8_SINCE
         if self._w8a8:   # registered from v0.11.0 (vllm_utils_wrapper.py:2016 there)
             self.matmul = self._matmul
+
+    def _note_unzeroed(self, op: str, **buffers: Tensor) -> None:
+        for name, t in buffers.items():
+            if isinstance(t, Tensor) and t.numel() and bool((t != 0).any()):
+                self.unzeroed_buffers.append(f"{op}.{name}")
 
     def _route_outputs(self, op, x, first, second):
         _tensor(op, "x", x, FLOATS, ndim=2)
@@ -271,6 +281,7 @@ class OpsC(_Counted):
         topk = self._route_outputs(op, x, norm_score, topk_index)
         experts = x.shape[1]
         _tensor(op, "block_static", block_static, (_I32,), shape=(BLOCK_STATISTIC_ROWS, experts))
+        self._note_unzeroed(op, block_static=block_static)
         _tensor(op, "bias", bias, FLOATS, shape=(experts,))
         scores = torch.sigmoid(x.float())
         routing = scores + bias.float().view(1, -1)
@@ -295,6 +306,7 @@ class OpsC(_Counted):
         experts = block_statistic.shape[1]
         _experts_documented(op, experts)
         _require(block_statistic.shape[0] == BLOCK_STATISTIC_ROWS, op, f"block_statistic needs {BLOCK_STATISTIC_ROWS} rows")
+        self._note_unzeroed(op, block_statistic=block_statistic)
         flat = topk_ids.reshape(-1)
         _require(flat.numel() == 0 or bool(((flat >= 0) & (flat < experts)).all()), op,
                  f"topk ids must lie in [0, {experts})")
@@ -319,6 +331,7 @@ class OpsC(_Counted):
         _tensor(op, "moe_expand", moe_expand, (x.dtype,), shape=(tokens * topk, x.shape[1]))
         _tensor(op, "moe_index", moe_index, (_I32,), shape=(tokens * topk,))
         _tensor(op, "sorted_tokens_num_lod", sorted_tokens_num_lod, (_I32,), shape=(experts + 1,))
+        self._note_unzeroed(op, moe_index=moe_index, expert_m=expert_m, sorted_tokens_num_lod=sorted_tokens_num_lod)
         # the slots grouped by expert; the order inside an expert is not documented: stable here
         order = torch.argsort(flat, stable=True)
         slot_token = torch.arange(tokens).repeat_interleave(topk)
