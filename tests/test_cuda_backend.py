@@ -426,8 +426,9 @@ def _gemm_close(got, want):
     torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("deep_gemm, n, k, via", [("2.1.1", 200, 256, "fp8_gemm_nt"), ("2.6.1", 136, 256, "fp8_gemm_nt"),
-                                                  (None, 208, 512, "_scaled_mm"), (None, 128, 384, "_scaled_mm")])
+@pytest.mark.parametrize("deep_gemm, n, k, via", [
+    ("2.1.1", 200, 256, "fp8_gemm_nt"), ("2.6.1", 136, 256, "fp8_gemm_nt"),
+    (None, 208, 512, "_scaled_mm"), (None, 128, 384, "_scaled_mm")])
 def test_fp8_block_gemm_through_deep_gemm_or_scaled_mm(hal_state, deep_gemm, n, k, via):
     """_scaled_mm where cuBLASLt's padded weight-scale layout equals the unpadded one torch
     takes: ceil(K/128) a multiple of 4 (K = 512), or one column of weight blocks (N = 128)."""
