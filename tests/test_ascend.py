@@ -779,13 +779,32 @@ def test_int8_gemm_matches_the_reference(npu, out_dtype):
     assert npu.calls["npu_quant_matmul"] == 1
 
 
+@pytest.mark.parametrize("out_dtype, scale_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
 @pytest.mark.parametrize("counts", [[3, 0, 4, 2], [9]])
-def test_int8_grouped_gemm_matches_the_reference(npu, counts):
+def test_int8_grouped_gemm_matches_the_reference(npu, counts, out_dtype, scale_dtype):
+    """The weight scale goes in the dtype the torch-npu 2.13.0 docs pair with the output (scale
+    bfloat16 -> y bfloat16, float32 -> float16; vllm-ascend @182b75ea also passes its scales in
+    the output's dtype), shaped [E, N] as vllm-ascend passes it (the docs say 1-D): the README's
+    choice, which the emulator enforces."""
     x, x_scale, w, w_scale = int8_operands(sum(counts), 128, 24, seeded(72), experts=len(counts))
-    args = (x, x_scale, w, w_scale, torch.tensor(counts, dtype=torch.int32), torch.bfloat16)
+    args = (x, x_scale, w, w_scale, torch.tensor(counts, dtype=torch.int32), out_dtype)
     assert chosen("int8_grouped_gemm", *args) == f"{EMU}.int8_grouped_gemm"
     torch.testing.assert_close(hal.ops.int8_grouped_gemm(*args), hal.reference.int8_grouped_gemm(*args))
     assert npu.calls["npu_grouped_matmul"] == 1
+    assert npu.grouped_matmul_scales == [(scale_dtype, (len(counts), 24))]
+
+
+def test_the_emulated_grouped_matmul_takes_only_the_documented_scale_and_output_pairs(npu):
+    """torch-npu 2.13.0 _op_plugin_docs.py, npu_grouped_matmul, per-token quantisation on A2:
+    a float32 scale with a bfloat16 output is not among the documented pairs."""
+    g = seeded(74)
+    x = torch.randint(-128, 128, (4, 64), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (2, 64, 16), generator=g, dtype=torch.int8)
+    counts = torch.tensor([1, 3])
+    with pytest.raises(RuntimeError, match="scale"):
+        npu.npu_grouped_matmul([x], [w], scale=[torch.rand(2, 16, generator=g)], per_token_scale=[torch.rand(4)],
+                               group_list=counts, group_list_type=1, group_type=0, split_item=2,
+                               output_dtype=torch.bfloat16)
 
 
 def test_the_w8a8_adapters_decline_what_the_ops_do_not_document(npu):

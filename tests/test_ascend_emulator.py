@@ -271,11 +271,12 @@ def test_grouped_matmul_splits_rows_by_counts_or_cumsum(rt):
 
 
 def test_grouped_matmul_per_token_quantised_formula(rt):
-    """Formula 3 with int32 accumulation: (x @ w) * scale[expert, n] * per_token_scale[m]."""
+    """Formula 3 with int32 accumulation: (x @ w) * scale[expert, n] * per_token_scale[m]; the
+    scale bfloat16 for a bfloat16 output (the documented pair)."""
     g = seeded(13)
     x = torch.randint(-127, 128, (5, 32), generator=g, dtype=torch.int8)
     w = torch.randint(-127, 128, (2, 32, 6), generator=g, dtype=torch.int8)
-    scale, per_token = torch.rand(2, 6, generator=g), torch.rand(5, generator=g)
+    scale, per_token = torch.rand(2, 6, generator=g).to(torch.bfloat16), torch.rand(5, generator=g)
     (y,) = rt.npu_grouped_matmul([x], [w], scale=[scale], per_token_scale=[per_token],
                                  group_list=torch.tensor([2, 3]), group_list_type=1, group_type=0, split_item=2,
                                  output_dtype=torch.bfloat16)

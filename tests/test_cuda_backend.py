@@ -170,6 +170,18 @@ def test_the_flash_mla_interface_generation_is_told_by_the_parameters():
     assert level(["q", "kv", "indices"]) == "3"
 
 
+def test_the_flash_mla_generations_are_stated_with_the_commits_that_bound_them():
+    """Generation 1 runs to 1408756 (the parent of 082094b, which added attn_sink / topk_length),
+    not to 48c6dc4^ (c741387, already generation 2): the README and arch.py say so."""
+    assert arch.FLASH_MLA_INTERFACE_COMMITS == {1: ("c28eca9", "1408756"), 2: ("082094b", "9241ae3")}
+    readme = (REPO / "backends" / "cuda" / "README.md").read_text()
+    source = (REPO / "backends" / "cuda" / "arch.py").read_text()
+    for generation, (first, last) in arch.FLASH_MLA_INTERFACE_COMMITS.items():
+        assert f"generation {generation} ({first} .. {last})" in readme
+        assert f"{first} .. {last}" in source
+    assert "48c6dc4^" not in readme and "48c6dc4^" not in source
+
+
 def test_the_flash_mla_interface_is_read_from_its_source_without_importing_it(tmp_path, monkeypatch):
     package = tmp_path / "flash_mla"
     package.mkdir()
@@ -199,12 +211,25 @@ def test_an_unverified_flash_mla_narrows_only_the_sparse_attention_adapters():
     assert backend.impls["rms_norm"].supports(q, torch.ones(576, dtype=BF16), 1e-6) is True
 
 
-def test_a_torch_newer_than_2_11_narrows_the_torch_op_adapters():
-    backend = emulated("H200", torch_version="2.12.0+cu130")
-    assert "torch_grouped_mm_fast_path: torch 2.12.0+cu130 is newer than 2.11" in backend.availability().reason
+@pytest.mark.parametrize("version", ["2.11.0+cu130", "2.12.0+cu130", "2.13.0+cu130", "2.14.1+cu130", "2.15.0+cu132"])
+def test_the_torch_op_behaviours_are_verified_from_2_11_to_2_15(version):
+    """Read from each minor version's wheel (backends/cuda/arch.py: the schemas, the messages and
+    the compiled conditions are unchanged), so the pinned 2.13 and its successors keep the
+    adapters."""
+    backend = emulated("H200", torch_version=version)
+    assert "narrowed" not in backend.availability().reason
+    x = torch.ones(4, 64, dtype=BF16)
+    assert backend.impls["rms_norm"].supports(x, torch.ones(64, dtype=BF16), 1e-6) is True
+    for behaviour in (arch.TORCH_GROUPED_MM, arch.TORCH_SCALED_MM_BLOCKWISE, arch.TORCH_FUSED_RMS_NORM):
+        assert backend.unverified(behaviour.name) is None
+
+
+def test_a_torch_newer_than_2_15_narrows_the_torch_op_adapters():
+    backend = emulated("H200", torch_version="2.16.0+cu132")
+    assert "torch_grouped_mm_fast_path: torch 2.16.0+cu132 is newer than 2.15" in backend.availability().reason
     x = torch.ones(4, 64, dtype=BF16)
     assert backend.impls["rms_norm"].supports(x, torch.ones(64, dtype=BF16), 1e-6) == (
-        "torch_fused_rms_norm unverified here: torch 2.12.0+cu130 is newer than 2.11, the newest version "
+        "torch_fused_rms_norm unverified here: torch 2.16.0+cu132 is newer than 2.15, the newest version "
         "torch_fused_rms_norm was verified against")
 
 
@@ -401,12 +426,15 @@ def _gemm_close(got, want):
     torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("deep_gemm, n, via", [("2.1.1", 200, "fp8_gemm_nt"), ("2.6.1", 136, "fp8_gemm_nt"),
-                                               (None, 208, "_scaled_mm")])
-def test_fp8_block_gemm_through_deep_gemm_or_scaled_mm(hal_state, deep_gemm, n, via):
+@pytest.mark.parametrize("deep_gemm, n, k, via", [
+    ("2.1.1", 200, 256, "fp8_gemm_nt"), ("2.6.1", 136, 256, "fp8_gemm_nt"),
+    (None, 208, 512, "_scaled_mm"), (None, 128, 384, "_scaled_mm")])
+def test_fp8_block_gemm_through_deep_gemm_or_scaled_mm(hal_state, deep_gemm, n, k, via):
+    """_scaled_mm where cuBLASLt's padded weight-scale layout equals the unpadded one torch
+    takes: ceil(K/128) a multiple of 4 (K = 512), or one column of weight blocks (N = 128)."""
     backend = register_on_device(hal_state, "H200", deep_gemm=deep_gemm)
     g = seeded(11)
-    (a, a_scale), (w, w_scale) = fp8_activations(g, 37, 256), fp8_weights(g, n, k=256)
+    (a, a_scale), (w, w_scale) = fp8_activations(g, 37, k), fp8_weights(g, n, k=k)
     got = on_device(backend, "fp8_block_gemm", a, a_scale, w, w_scale, BF16)
     _gemm_close(got, hal.reference.fp8_block_gemm(a, a_scale, w, w_scale, BF16))
     assert backend.runtime.calls[via] == 1
@@ -429,6 +457,40 @@ def test_fp8_block_gemm_calls_outside_both_are_declined_with_reasons(hal_state):
         "DeepGEMM: DeepGEMM on sm_100 turns float32 scales into UE8M0 powers of two")
     assert b200.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16).endswith(
         "torch._scaled_mm's 1x128 x 128x128 scaling runs on sm_90 only; this is sm_100")
+
+
+@pytest.mark.parametrize("k, n", [(640, 256), (256, 208), (1280, 384)])
+def test_scaled_mm_pads_k_where_cublaslt_reads_the_weight_scales_padded(hal_state, k, n):
+    """cuBLASLt reads the 128x128 weight scales with ceil(K/128) rounded up to 4 per row of weight
+    blocks (the emulator reads them so); torch._scaled_mm accepts only the unpadded buffer. With
+    ceil(K/128) % 4 != 0 and more than one row of weight blocks the adapter zero-pads K to a
+    multiple of 512, where both layouts agree; the unpadded call (what the adapter used to make,
+    made here directly) is silently wrong."""
+    backend = register_on_device(hal_state, "H200", deep_gemm=None)
+    g = seeded(14)
+    (a, a_scale), (w, w_scale) = fp8_activations(g, 24, k), fp8_weights(g, n, k=k)
+    want = hal.reference.fp8_block_gemm(a, a_scale, w, w_scale, BF16)
+    _gemm_close(on_device(backend, "fp8_block_gemm", a, a_scale, w, w_scale, BF16), want)
+    assert backend.runtime.calls["_scaled_mm"] == 1
+    misread = CudaEmulator("H200").torch._scaled_mm(a, w.t(), a_scale.t().contiguous().t(), w_scale.t(),
+                                                    out_dtype=BF16, use_fast_accum=False)
+    assert not torch.allclose(misread.float(), want.float(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_the_emulated_scaled_mm_reads_a_padded_weight_scale_buffer_as_cublaslt_does():
+    """The emulator's cuBLASLt reads row r of the weight scales at r * L4: a buffer padded the
+    way PyTorch's own blockwise test pads it (_pad_128x128_scales) gives the exact product, which
+    is how the emulator knows the layout (torch's v1 check itself refuses that stride)."""
+    from emulators.cuda import _as_cublaslt_reads_128x128
+    g = seeded(15)
+    scales = torch.rand(3, 5, generator=g) + 0.5                     # [N/128, K/128], K/128 = 5
+    padded = torch.nn.functional.pad(scales, (0, 3))                 # [3, 8]: L4 = 8
+    torch.testing.assert_close(_as_cublaslt_reads_128x128(padded[:, :5], 5), scales)
+    misread = _as_cublaslt_reads_128x128(scales, 5)
+    torch.testing.assert_close(misread[0], scales[0])                # the first row is where it is
+    assert not torch.equal(misread[1], scales[1]) and misread[2].isnan().any()
+    aligned = torch.rand(3, 8, generator=g)
+    torch.testing.assert_close(_as_cublaslt_reads_128x128(aligned, 8), aligned)
 
 
 @pytest.mark.parametrize("version, reason", [

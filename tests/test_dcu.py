@@ -176,6 +176,30 @@ def test_rms_norm_matches_the_reference(hal_state, monkeypatch, lightop, dtype, 
     assert backend.runtime.calls["rmsnorm_forward_autograd"] == 1
 
 
+@pytest.mark.parametrize("op, function", [("rms_norm", "rmsnorm_forward_autograd"),
+                                          ("silu_and_mul", "silu_and_mul_opt")])
+def test_a_lightop_before_0_6_with_top_level_exports_is_used(hal_state, monkeypatch, op, function):
+    """The LightOp 0.6 design doc names the top level as well as lightop.op as the deprecated
+    places of the norm and activation functions (@63935f8e); the old code looked in lightop.op
+    only and declined such a lightop."""
+    backend = register(hal_state, monkeypatch, lightop=LIGHTOP_VERSIONS[0], lightop_old_place="top")
+    assert not hasattr(backend.runtime.lightop.op, function)
+    g = seeded(3)
+    x = randn(3, 128, g=g, dtype=BF16)
+    args = (x, randn(128, g=g, dtype=BF16), 1e-6) if op == "rms_norm" else (x,)
+    assert chosen(op, *args) == f"{EMU}.{op}"
+    torch.testing.assert_close(getattr(hal.ops, op)(*args), getattr(hal.reference, op)(*args), rtol=1.6e-2, atol=1e-5)
+    assert backend.runtime.calls[function] == 1
+
+
+def test_a_lightop_without_the_function_names_every_place_looked_in(hal_state, monkeypatch):
+    backend = register(hal_state, monkeypatch, lightop=LIGHTOP_VERSIONS[0])
+    del backend.runtime.lightop.op.rmsnorm_forward_autograd
+    x = torch.ones(2, 64, dtype=BF16)
+    assert rejection("rms_norm", x, torch.ones(64, dtype=BF16), 1e-6) == (
+        "lightop has no rmsnorm_forward_autograd (looked in lightop.op / lightop (top level))")
+
+
 def test_rms_norm_declines_float32_a_wider_weight_and_narrow_rows(k100):
     assert rejection("rms_norm", torch.ones(2, 64), torch.ones(64), 1e-6) == (
         "implements rms_norm for {bfloat16, float16}, not float32")

@@ -336,6 +336,69 @@ def test_moe_permute(xpu):
         assert torch.equal(got, want)
 
 
+@pytest.fixture
+def poisoned_empty():
+    """Uninitialised memory filled with a known value (int32 max, float NaN) by torch itself
+    (use_deterministic_algorithms + fill_uninitialized_memory), as a reused XPU buffer holds
+    whatever was there: a buffer the adapter leaves uninitialised cannot read as zero by luck."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(5, 2, 8), (3, 1, 6), (19, 2, 7)])
+def test_moe_permute_zero_fills_the_buffers_the_kernels_do_not_write_whole(xpu, poisoned_empty, tokens, top_k,
+                                                                          experts):
+    """block_statistic, expert_m, sorted_tokens_num_lod and moe_index start at zero as every
+    vLLM-Kunlun call site allocates them: the emulated kernels write only what they have (fewer ids
+    than 12 chunks leave histogram rows alone, an expert without rows keeps its expert_m, lod[0]
+    is not written), so an uninitialised buffer would reach the result."""
+    g = seeded(6)
+    x = torch.randn(tokens, 16, generator=g).to(BF16)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=g, dtype=I32)
+    for got, want in zip(hal.ops.moe_permute(x, ids, experts), ref.moe_permute(x, ids, experts)):
+        assert torch.equal(got, want)
+    assert xpu.calls["_C.moe_pre_sorted"] == 1
+    assert xpu.C.unzeroed_buffers == []     # moe_index included, which the emulated kernel writes whole
+
+
+def test_moe_route_zero_fills_the_sigmoid_kernels_block_static(xpu, poisoned_empty):
+    """fused_moe allocates the [12, E] block_static with torch.zeros (ops/_kunlun_ops.py:406
+    @09869ee); the routing outputs do not show it, the emulator's record of buffers that arrive
+    non-zero does."""
+    g = seeded(7)
+    logits, bias = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
+    args = (logits, bias, 2, 4, 2, 2.5, True, "sigmoid")
+    assert chosen("moe_route", *args) == f"{EMU}.moe_route"
+    for got, want in zip(hal.ops.moe_route(*args), ref.moe_route(*args)):
+        torch.testing.assert_close(got, want)
+    assert xpu.calls["_C.moe_sigmoid_group_topk_norm"] == 1 and xpu.C.unzeroed_buffers == []
+
+
+def test_the_emulated_moe_kernels_leave_what_they_do_not_write():
+    """The emulator's side of the test above: with buffers that do not start at zero, the
+    histogram check of moe_pre_sorted trips and expert_m keeps what an empty expert had."""
+    from emulators.kunlun import XpuOpError
+    C = XpuEmulator("P800").C
+    ids = torch.tensor([[0, 2], [2, 3]], dtype=I32)
+    histogram = torch.full((12, 5), 7, dtype=I32)
+    C.gen_block_statistic(ids, histogram)
+    assert torch.equal(histogram[4:], torch.full((8, 5), 7, dtype=I32))      # 4 ids: rows 4-11 untouched
+    expert_m, lod = torch.full((5,), 9, dtype=I32), torch.full((6,), 9, dtype=I32)
+    args = dict(x=torch.randn(2, 4), topk_index=ids, moe_expand=torch.empty(4, 4),
+                moe_index=torch.zeros(4, dtype=I32), expert_m=expert_m, sorted_tokens_num_lod=lod)
+    with pytest.raises(XpuOpError, match="block_statistic is not the histogram"):
+        C.moe_pre_sorted(block_statistic=histogram, **args)
+    fresh = torch.zeros(12, 5, dtype=I32)
+    C.gen_block_statistic(ids, fresh)
+    C.moe_pre_sorted(block_statistic=fresh, **args)
+    assert expert_m.tolist() == [1, 9, 2, 1, 9] and lod.tolist() == [9, 1, 1, 3, 4, 4]
+    assert C.unzeroed_buffers == ["gen_block_statistic.block_statistic", "moe_pre_sorted.expert_m",
+                                  "moe_pre_sorted.sorted_tokens_num_lod"]
+
+
 def test_moe_permute_counts_the_dropped_id_expert_against_the_limit(xpu):
     x, ids = torch.randn(2, 4), torch.zeros(2, 1, dtype=I32)
     assert rejection("moe_permute", x, ids, 256) == (

@@ -78,7 +78,8 @@ OP_LIMITS = {
     "npu_dynamic_quant": "int8 per token, bf16/fp16 input, Atlas A2/A3; rows of zeros set to codes 0 on the device",
     "npu_quant_matmul": f"int8 x int8 with per-token and per-channel scales, K and N <= {QMM_MAX_DIM}, bfloat16/"
                         "float16 output, Atlas A2/A3; no bias (where the op adds it is not documented)",
-    "npu_grouped_matmul (int8)": "per-token mode: scale [E, N], per_token_scale [M], bfloat16/float16 output, "
+    "npu_grouped_matmul (int8)": "per-token mode: scale [E, N] (bfloat16 for a bfloat16 output, float32 for "
+                                 "float16), per_token_scale [M], bfloat16/float16 output, "
                                  "Atlas A2/A3",
     "fp8_block_gemm / fp8_grouped_gemm": "not adapted: no torch_npu op documents a 128 x 128 block-scaled FP8 GEMM "
                                          "(the 950's FP8 path is MX: npu_dynamic_mx_quant, e8m0 scales per 32)",
@@ -613,6 +614,13 @@ def grouped_gemm(backend: "AscendBackend", x: Tensor, w: Tensor, tokens_per_expe
 # (vllm_ascend/quantization/methods/w8a8_dynamic.py, ops/fused_moe/moe_mlp.py). No op documents
 # them on the 950, nor an FP8 block-scaled GEMM anywhere (see OP_LIMITS, README "Not mapped").
 W8A8_PRODUCTS = ("A2", "A3")
+#: npu_grouped_matmul's per-token mode pairs the weight scale's dtype with the output's:
+#: DOCS' table for a Tensor group_list on A2 ("per-token量化": scale bfloat16 -> y bfloat16,
+#: scale float32 -> y float16; torch-npu 2.13.0 torch_npu/_op_plugin_docs.py), and vllm-ascend
+#: @182b75ea passes its W8A8 MoE scales in the output's dtype (device/device_op.py:279-290
+#: npu_grouped_matmul_gmm2: output_dtype = the scale's dtype, ops/fused_moe/moe_mlp.py:378;
+#: moe_mlp.py:281 and lora/quant_moe.py:205: `w1_scale[0].to(w2_scale[0].dtype)`).
+GROUPED_PER_TOKEN_SCALE_DTYPE = {_BF16: _BF16, _F16: _F32}
 
 
 def _w8a8_declined(backend: "AscendBackend", op: str, out_dtype: torch.dtype | None = None) -> str | None:
@@ -681,9 +689,15 @@ def int8_grouped_gemm(backend: "AscendBackend", x: Tensor, x_scale: Tensor, w: T
         return torch.zeros((rows, n), dtype=out_dtype, device=x.device)
     groups, group_list_type = group_list(tokens_per_expert)
     # DOCS' per-token mode (formula 3): int8 x and weight [E, K] -> [E, K, N] as a transposed
-    # view, scale [E, N] per expert and channel (vllm-ascend's w13_weight_scale), per_token_scale [M]
+    # view, per_token_scale float32 [M], and the weight scale in the dtype DOCS pair with the
+    # output (GROUPED_PER_TOKEN_SCALE_DTYPE: bfloat16 for a bfloat16 y, float32 for float16).
+    # Shape: DOCS say each scale tensor is 1-D on A2; vllm-ascend, the one public caller with a
+    # single [E, K, N] weight, passes [E, N] -- followed here (README "npu_grouped_matmul's
+    # per-token scale"). A bfloat16 scale is the float32 one rounded: 2^-9 relative, within the
+    # bfloat16 output's tolerance.
+    scale = w_scale.to(GROUPED_PER_TOKEN_SCALE_DTYPE[out_dtype]).contiguous()
     return backend.runtime.npu_grouped_matmul(
-        [x.contiguous()], [w.transpose(1, 2)], scale=[w_scale.contiguous()], per_token_scale=[x_scale.contiguous()],
+        [x.contiguous()], [w.transpose(1, 2)], scale=[scale], per_token_scale=[x_scale.contiguous()],
         group_list=groups, group_list_type=group_list_type, group_type=0, split_item=2, output_dtype=out_dtype)[0]
 
 

@@ -3,11 +3,14 @@ constraints of the libraries it adapts (FlashMLA, DeepGEMM, torch's own CUDA ops
 
 Sources (README.md, "Sources"; no code was taken from them):
 - deepseek-ai/FlashMLA, commits c28eca9 (2025-09-24, sparse kernels), fd249aa (2025-09-29,
-  sm_100), 082094b (2026-01-16, new interface), 9241ae3 (2026-04-29, newest read);
+  sm_100), 1408756 (2025-10-01, the last commit with the first interface), 082094b (2026-01-16,
+  new interface), 9241ae3 (2026-04-29, newest read);
 - deepseek-ai/DeepGEMM, tags v2.1.0 (594953a), v2.1.1 (93b3c28), 2.3.0 (0f5f266), 2.6.1 (54e2261);
-- PyTorch 2.11.0: the torch-2.11.0+cu130 wheel (native_functions.yaml, torch/nn/functional.py,
-  the strings of torch/lib/libtorch_cuda.so), with the logic of aten/src/ATen/native/cuda/
-  GroupedBlas.cpp @00d4eaf9 and ScaledBlas.cpp @0174dfab where the wheel has the same messages;
+- PyTorch 2.11.0 - 2.15.0: the torch-2.11.0+cu130, 2.12.0+cu130, 2.13.0+cu130, 2.14.1+cu130 and
+  2.15.0+cu132 wheels (torchgen/packaged/ATen/native/native_functions.yaml, the strings and the
+  disassembly of torch/lib/libtorch_cuda.so), with the logic of aten/src/ATen/native/cuda/
+  GroupedBlas.cpp @00d4eaf9 and ScaledBlas.cpp @0174dfab where the wheels compile the same code,
+  and test/test_scaled_matmul_cuda.py @00166b21 (cuBLASLt's padded 128x128 scale layout);
 - nvcc 13.0 (V13.0.88): `nvcc --list-gpu-code`;
 - NVIDIA's H200 product page (https://www.nvidia.com/en-us/data-center/h200/) and the Hopper
   tuning guide, for the roofline constants.
@@ -21,7 +24,7 @@ import math
 from glm5_hal.vendor_backend import Behaviour, Era
 from glm5_hal.vendor_backend import device_dtypes as shared_device_dtypes
 
-#: glm5_hal needs torch >= 2.6 (pyproject.toml); the torch-op behaviours below were read from 2.11.
+#: glm5_hal needs torch >= 2.6 (pyproject.toml); the torch-op behaviours below were read from 2.11 to 2.15.
 MIN_TORCH = (2, 6)
 #: The compute capabilities the CUDA-dialect kernels are compiled for (SASS), and the PTX
 #: embedded for newer GPUs to JIT from (CMake's GLM5_HAL_CUDA_ARCHS default; a test compares).
@@ -101,9 +104,13 @@ def peak_of(device_name: str) -> Peak | None:
 #: FlashMLA's package version is "1.0.0" at every commit (flash_mla/__init__.py; setup.py appends
 #: "+<git rev>"), so its versions are told apart by the interface of flash_mla_sparse_fwd, read
 #: from flash_mla/flash_mla_interface.py without importing the extension (runtime.py):
-#:   1: (q, kv, indices, sm_scale, d_v=512)                  c28eca9 .. 48c6dc4^ (2025-09-24 ..)
+#:   1: (q, kv, indices, sm_scale, d_v=512)                  c28eca9 .. 1408756  (2025-09-24 .. 2025-10-01)
 #:   2: (..., d_v=512, attn_sink=None, topk_length=None)     082094b .. 9241ae3  (2026-01-16 ..)
+#: (deepseek-ai/FlashMLA history: 082094b added attn_sink / topk_length, two commits before
+#: 48c6dc4 (082094b -> c741387 -> 48c6dc4); its parent 1408756 still has the five parameters.)
 #:   3: parameters beyond those: a newer interface, not verified
+#: The first and the newest commit read of each generation (the README states them).
+FLASH_MLA_INTERFACE_COMMITS = {1: ("c28eca9", "1408756"), 2: ("082094b", "9241ae3")}
 FLASH_MLA_INTERFACES = (
     ("q", "kv", "indices", "sm_scale", "d_v"),
     ("q", "kv", "indices", "sm_scale", "d_v", "attn_sink", "topk_length"),
@@ -165,24 +172,54 @@ DEEP_GEMM_SM100_DECLINED = (
     "with a device assert: csrc/jit_kernels/impls/smxx_layout.hpp @v2.1.1, deep_gemm/include/deep_gemm/impls/"
     "smxx_layout.cuh @54e2261); checkpoint block scales are arbitrary float32")
 
-# -- torch's own CUDA ops (read from 2.11) ------------------------------------------------------------
+# -- torch's own CUDA ops (read from 2.11 to 2.15) ----------------------------------------------------
+#: The torch wheels read, one per minor version (PyPI's manylinux x86_64 builds): 2.11.0+cu130
+#: (git 70d99e99), 2.12.0+cu130 (7661cd9c), 2.13.0+cu130 (cf30153c), 2.14.1+cu130 (5c488690),
+#: 2.15.0+cu132 (d0f2af8b). For each: the op's schema and CUDA kernel in
+#: torchgen/packaged/ATen/native/native_functions.yaml, the messages in torch/lib/libtorch_cuda.so,
+#: and where a condition is compiled code, the disassembly of the function that holds it.
+TORCH_WHEELS_READ = "2.11.0+cu130, 2.12.0+cu130, 2.13.0+cu130, 2.14.1+cu130, 2.15.0+cu132"
 TORCH_GROUPED_MM = Behaviour(
     "torch_grouped_mm_fast_path", "torch", (
-        Era((2, 11), (9, 10), "torch 2.11.0+cu130 wheel (libtorch_cuda.so: \"fallback path for torch._grouped_mm\"); "
-                              "aten/src/ATen/native/cuda/GroupedBlas.cpp @00d4eaf9: bf16 x bf16 -> bf16 on "
-                              "capability major 9 or 10, else offs.cpu() and one mm per group"),),
-    verified_up_to=(2, 11))
+        Era((2, 11), (9, 10), "aten/src/ATen/native/cuda/GroupedBlas.cpp @00d4eaf9 (_grouped_mm_cuda: bf16 x bf16 -> "
+                              "bf16 on capability major 9 or 10 -> bf16bf16_grouped_mm, else _grouped_mm_fallback: "
+                              "offs.cpu() and one mm per group); native_functions.yaml `_grouped_mm` -> CUDA: "
+                              "_grouped_mm_cuda unchanged in the wheels " + TORCH_WHEELS_READ + " (2.15 adds MPS "
+                              "only); _grouped_mm_cuda's code in libtorch_cuda.so: 2.11-2.13 read "
+                              "deviceProperties.major - 9 < 2, 2.14-2.15 compare the dtypes with BFloat16 (15) and "
+                              "call scaled_mm_arch_allowed(true, true) (major 9 or 10); every version calls "
+                              "bf16bf16_grouped_mm or _grouped_mm_fallback (\"fallback path for `torch._grouped_mm`, "
+                              "performance may not be optimal\")"),),
+    verified_up_to=(2, 15))
+#: cuBLASLt reads 128x128 block scales as [L4, ceil(N / 128)] K-major, L4 = ceil(K / 128)
+#: rounded up to a multiple of 4 (pytorch test/test_scaled_matmul_cuda.py @00166b21,
+#: _pad_128x128_scales, after docs.nvidia.com/cuda/cublas "1D and 128x128 2D block scaling for
+#: FP8"; test_scaled_mm_block_wise_numerics pads them, M,N,K = (384, 128, 1280) "Requires padding
+#: for 128x128 scale"). torch._scaled_mm (the v1 entry point the adapter calls) accepts the
+#: weight scales only unpadded: is_blockwise_128x128_scaling checks scale_b.t() for size
+#: (ceil(N/128), ceil(K/128)) with stride (ceil(K/128), 1), stride ignored where the size is 1
+#: (ScaledBlas.cpp @0174dfab; the same check, with no round-up, compiled into
+#: is_desired_scaling in every wheel read), and hands cuBLASLt only the pointer. So where
+#: ceil(K/128) % 4 != 0 and ceil(N/128) > 1 the only layout v1 takes is not the one cuBLASLt
+#: reads: every weight-block row after the first would be read at the wrong offset, silently.
+#: The adapter zero-pads K there until ceil(K/128) is a multiple of this (ops._pad_k).
+SCALED_MM_SCALE_K_BLOCKS_MULTIPLE = 4
 TORCH_SCALED_MM_BLOCKWISE = Behaviour(
     "torch_scaled_mm_blockwise", "torch", (
-        Era((2, 11), (9,), "torch 2.11.0+cu130 wheel (libtorch_cuda.so: \"DeepSeek style (1x128, 128x128) scaling "
-                           "only supported in CUDA for SM90\"); aten/src/ATen/native/cuda/ScaledBlas.cpp @0174dfab"),),
-    verified_up_to=(2, 11))
+        Era((2, 11), (9,), "libtorch_cuda.so of the wheels " + TORCH_WHEELS_READ + ": \"DeepSeek style (1x128, "
+                           "128x128) scaling only supported in CUDA for SM90\" (_check_deepseek_support) and the "
+                           "unpadded 1x128 / 128x128 scale checks of is_desired_scaling; native_functions.yaml "
+                           "`_scaled_mm` -> CUDA: _scaled_mm_cuda unchanged; aten/src/ATen/native/cuda/"
+                           "ScaledBlas.cpp @0174dfab"),),
+    verified_up_to=(2, 15))
 TORCH_FUSED_RMS_NORM = Behaviour(
     "torch_fused_rms_norm", "torch", (
-        Era((2, 11), "_fused_rms_norm_cuda", "torch 2.11.0 wheel torchgen/packaged/ATen/native/"
-                                             "native_functions.yaml l.3345-3357 (rms_norm -> _fused_rms_norm, "
-                                             "CUDA: _fused_rms_norm_cuda)"),),
-    verified_up_to=(2, 11))
+        Era((2, 11), "_fused_rms_norm_cuda", "torchgen/packaged/ATen/native/native_functions.yaml: `rms_norm` "
+                                             "(CompositeImplicitAutograd: rms_norm_symint) and `_fused_rms_norm` "
+                                             "(CUDA: _fused_rms_norm_cuda), l.3345/3349 in 2.11.0, 3382/3386 in "
+                                             "2.12.0, 3250/3254 in 2.13.0, 3300/3304 in 2.14.1 and 2.15.0; schemas "
+                                             "and CUDA kernel unchanged (2.12 adds an XPU kernel only)"),),
+    verified_up_to=(2, 15))
 
 BEHAVIOURS = (FLASH_MLA_SPARSE_LSE, FLASH_MLA_SPARSE_HEADS, FLASH_MLA_SPARSE_DIMS, DEEP_GEMM_CONTIGUOUS_LAYOUT,
               TORCH_GROUPED_MM, TORCH_SCALED_MM_BLOCKWISE, TORCH_FUSED_RMS_NORM)

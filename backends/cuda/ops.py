@@ -45,7 +45,7 @@ DENSE_MAX_POSITIONS = 1 << 28
 
 #: The constraints the adapters check, as reported in capabilities().limits.
 OP_LIMITS = {
-    "torch.rms_norm": "the fused CUDA kernel (torch >= 2.11 verified); weight in x's dtype",
+    "torch.rms_norm": "the fused CUDA kernel (torch 2.11 - 2.15 verified); weight in x's dtype",
     "torch._grouped_mm": "bf16 on sm_90 / sm_100 (its CUTLASS path); other dtypes and GPUs loop per group after "
                          "copying the offsets to the host, a sync per call: declined",
     "flash_mla_sparse_fwd": "sparse_mla_attention and sparse_mla_decode_paged (over the flattened cache): bf16, "
@@ -57,7 +57,10 @@ OP_LIMITS = {
                                                                 "bf16 output, N % 8 == 0 (16-byte TMA rows); "
                                                                 "grouped rows re-laid per expert on 128-row "
                                                                 "boundaries on the device",
-    "torch._scaled_mm": "fp8_block_gemm on sm_90 (1x128 x 128x128 scales), bf16 output, N % 16 == 0",
+    "torch._scaled_mm": "fp8_block_gemm on sm_90 (1x128 x 128x128 scales), bf16 output, K and N % 16 == 0; "
+                        "where ceil(K/128) % 4 != 0 and N > 128, K is zero-padded to a multiple of 512 "
+                        "(cuBLASLt reads the weight scales "
+                        "with ceil(K/128) rounded up to 4; torch._scaled_mm takes them only unpadded)",
     "kernels: dense_mla_decode_paged": "the sparse decode kernel over every position of the block table "
                                        f"(at most {DENSE_MAX_POSITIONS} positions per call)",
     **gpu.KERNEL_LIMITS,
@@ -311,6 +314,29 @@ def _scaled_mm_declined(backend: "CudaBackend", k: int, n: int, out_dtype: torch
     return None
 
 
+def _scaled_mm_padded_k_blocks(k: int, n: int) -> int | None:
+    """cuBLASLt reads the 128x128 weight scales as [L4, ceil(N/128)] K-major, L4 = ceil(K/128)
+    rounded up to 4 (pytorch test/test_scaled_matmul_cuda.py @00166b21, _pad_128x128_scales);
+    torch._scaled_mm checks them for the unpadded stride ceil(K/128) and passes only the
+    pointer (ScaledBlas.cpp is_blockwise_128x128_scaling @0174dfab, the same in the 2.11 - 2.15
+    wheels). The two layouts agree when ceil(K/128) is a multiple of 4 or there is one row of
+    weight blocks; otherwise this returns the K-block count (L4) to zero-pad the operands to,
+    after which they agree again (arch.SCALED_MM_SCALE_K_BLOCKS_MULTIPLE)."""
+    k_blocks, n_blocks = -(-k // BLOCK), -(-n // BLOCK)
+    multiple = arch.SCALED_MM_SCALE_K_BLOCKS_MULTIPLE
+    if k_blocks % multiple == 0 or n_blocks <= 1:
+        return None
+    return -(-k_blocks // multiple) * multiple
+
+
+def _pad_k(x: Tensor, scale: Tensor, k_blocks: int) -> tuple[Tensor, Tensor]:
+    """x [R, K] fp8 and its scales [S, ceil(K/128)] extended to K = k_blocks * 128 with zero
+    codes (0x00 is +0 in e4m3) and unit scales: the added products are exactly 0."""
+    columns = k_blocks * BLOCK - x.shape[1]
+    padded = torch.nn.functional.pad(x.view(_U8), (0, columns)).view(_FP8)
+    return padded, torch.nn.functional.pad(scale, (0, k_blocks - scale.shape[1]), value=1.0)
+
+
 def _empty_product(a: Tensor, n: int, out_dtype: torch.dtype) -> Tensor | None:
     """The result when there is nothing to multiply (M, N or K zero: DeepGEMM 2.1 asserts
     n > 0 and k > 0), else None."""
@@ -349,7 +375,14 @@ def fp8_block_gemm(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tensor
         backend.runtime.deep_gemm.fp8_gemm_nt((a, a_scale), (w, w_scale), out)
         return out
     # cuBLASLt's DeepSeek recipe: A row-major with 1x128 scales outer-dim-major [M, K/128],
-    # B = w^T column-major with 128x128 scales given as the transpose of [N/128, K/128]
+    # B = w^T column-major with 128x128 scales given as the transpose of [N/128, K/128]. Where
+    # that unpadded buffer is not cuBLASLt's padded layout, K is zero-padded until they agree:
+    # one copy of a and w per call (N * K bytes of weight), never taken by GLM-5's K (multiples
+    # of 512), and cheaper than the reference's dequantised float32 weight
+    padded_blocks = _scaled_mm_padded_k_blocks(a.shape[1], w.shape[0])
+    if padded_blocks is not None:
+        a, a_scale = _pad_k(a, a_scale, padded_blocks)
+        w, w_scale = _pad_k(w, w_scale, padded_blocks)
     return backend.runtime.torch._scaled_mm(a, w.t(), a_scale.t().contiguous().t(), w_scale.t(),
                                            out_dtype=out_dtype, use_fast_accum=False)
 

@@ -3,7 +3,7 @@ facts they depend on.
 
 Every fact names its public source: HYGON-AI/vllm-plugin-das (the DCU plugin of vLLM, which
 calls Hygon's closed `lightop`): vllm_hcu/platforms/hcu.py @01211a04, vllm_hcu/ops/
-rms_norm.py @474991d4, vllm_hcu/ops/silu_and_mul.py @10ca569f, docs/superpowers/specs/
+rms_norm.py @474991d4 and @13272b6f, vllm_hcu/ops/silu_and_mul.py @10ca569f, docs/superpowers/specs/
 2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e (LightOp 0.6's module layout,
 read from the installed 0.6.0+das.dtk2604 wheel); vllm-project/vllm csrc/sampler.cu @00e831b2
 (the top-k kernel lightop's mirrors); FlagGems (torch.__hcu_version__). lightop itself is
@@ -37,25 +37,34 @@ class LightopLayout:
     top_k: tuple[tuple[str, str], ...]
 
 
-#: Before LightOp 0.6 everything lived in `lightop.op` (vllm-plugin-das's older
-#: vllm_hcu/ops/rms_norm.py: `from lightop.op import rmsnorm_forward_autograd`;
-#: silu_and_mul.py @10ca569f: `import lightop.op as op; op.silu_and_mul_opt`); 0.6 moved them
-#: to categorized modules -- lightop.norm, lightop.activation, lightop.attention -- and
-#: vllm-plugin-das imports those first, the old places only as a fallback ("compatible moves").
-#: Which versions before 0.6 had the `op` layout is not documented (UNVERIFIED); the adapters
-#: also check the function is there before using it.
+#: Before LightOp 0.6 the functions lived in `lightop.op` or at lightop's top level:
+#: vllm-plugin-das's older call sites import `lightop.op` (vllm_hcu/ops/rms_norm.py @13272b6f:
+#: `from lightop.op import rmsnorm_forward_autograd`, next to `from lightop import
+#: fused_add_rms_norm`; silu_and_mul.py @10ca569f: `import lightop.op as op; op.silu_and_mul_opt`),
+#: and the LightOp 0.6 design doc names both as the deprecated places its categorized modules
+#: replace: norm and activation functions get a "Compatible top-level/`lightop.op` fallback", the
+#: sparse top-k a "Compatible move from `lightop.op`" (docs/superpowers/specs/
+#: 2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e, "Interface Migration Map").
+#: 0.6 moved them to lightop.norm, lightop.activation and lightop.attention, and vllm-plugin-das
+#: imports those first, the old places only as a fallback. Which versions before 0.6 export
+#: which of the two old places is not documented (UNVERIFIED), so both are tried, and the
+#: adapters check the function is there before using it.
 LIGHTOP_LAYOUT = Behaviour("lightop_layout", LIGHTOP, (
-    Era((0,), LightopLayout(rms_norm=(("op", "rmsnorm_forward_autograd"),),
-                            silu_and_mul=(("op", "silu_and_mul_opt"),),
+    Era((0,), LightopLayout(rms_norm=(("op", "rmsnorm_forward_autograd"), ("", "rmsnorm_forward_autograd")),
+                            silu_and_mul=(("op", "silu_and_mul_opt"), ("", "silu_and_mul_opt")),
                             top_k=(("op", "top_k_per_row_prefill"),)),
-        "HYGON-AI/vllm-plugin-das vllm_hcu/ops/silu_and_mul.py @10ca569f (lightop.op.silu_and_mul_opt), the "
-        "pre-0.6 vllm_hcu/ops/rms_norm.py (lightop.op.rmsnorm_forward_autograd), docs/superpowers/specs/"
-        "2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e (top_k_per_row_prefill in lightop.op)"),
-    Era((0, 6, 0), LightopLayout(rms_norm=(("norm", "rmsnorm_forward_autograd"), ("op", "rmsnorm_forward_autograd")),
-                                 silu_and_mul=(("activation", "silu_and_mul_opt"), ("op", "silu_and_mul_opt")),
+        "HYGON-AI/vllm-plugin-das vllm_hcu/ops/silu_and_mul.py @10ca569f (lightop.op.silu_and_mul_opt), "
+        "vllm_hcu/ops/rms_norm.py @13272b6f (lightop.op.rmsnorm_forward_autograd), docs/superpowers/specs/"
+        "2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e (norm / activation: top-level or lightop.op; "
+        "top_k_per_row_prefill: lightop.op)"),
+    Era((0, 6, 0), LightopLayout(rms_norm=(("norm", "rmsnorm_forward_autograd"), ("", "rmsnorm_forward_autograd"),
+                                           ("op", "rmsnorm_forward_autograd")),
+                                 silu_and_mul=(("activation", "silu_and_mul_opt"), ("", "silu_and_mul_opt"),
+                                               ("op", "silu_and_mul_opt")),
                                  top_k=(("attention", "top_k_per_row_prefill"), ("op", "top_k_per_row_prefill"))),
         "HYGON-AI/vllm-plugin-das docs/superpowers/specs/2026-08-25-lightop-categorized-api-v0251-design.md "
-        "@63935f8e (LightOp 0.6.0+das.dtk2604: lightop.norm, lightop.activation, lightop.attention); "
+        "@63935f8e (LightOp 0.6.0+das.dtk2604: lightop.norm, lightop.activation, lightop.attention; compatible "
+        "fallbacks: top-level / lightop.op for norm and activation, lightop.op for the top-k); "
         "vllm_hcu/ops/rms_norm.py @474991d4 (`from lightop.norm import ... rmsnorm_forward_autograd`)"),
 ), verified_up_to=(0, 6, 0))
 

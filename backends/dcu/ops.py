@@ -9,8 +9,8 @@ calls the vendor function and returns exactly the canonical outputs. Each `suppo
 returns a reason when the call is outside what the vendor function takes (dtype, a missing
 package, kernels not built), so dispatch moves on.
 
-Where lightop keeps each function depends on its version (arch.LIGHTOP_LAYOUT: lightop.op
-before LightOp 0.6, lightop.norm / activation / attention from 0.6); a version outside the
+Where lightop keeps each function depends on its version (arch.LIGHTOP_LAYOUT: lightop.op or
+the top level before LightOp 0.6, lightop.norm / activation / attention from 0.6); a version outside the
 verified range declines the lightop adapters. lightop's per-row top-k follows vLLM's
 top_k_per_row_prefill (csrc/sampler.cu @00e831b2: -1 in the slots past a short row); the
 adapters pre-fill -1 and keep only in-row indices anyway, which costs two elementwise ops
@@ -67,7 +67,8 @@ def _lightop_declined(backend: "DcuBackend", function: str, what: str) -> str | 
     if unverified:
         return unverified
     if lightop_function(runtime.lightop, _places(backend, function)) is None:
-        where = " / ".join(f"lightop.{module}" for module, _ in _places(backend, function))
+        where = " / ".join(f"lightop.{module}" if module else "lightop (top level)"
+                           for module, _ in _places(backend, function))
         return f"lightop has no {what} (looked in {where})"
     return None
 

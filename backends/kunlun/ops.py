@@ -166,7 +166,9 @@ def moe_route(backend: "KunlunBackend", logits: Tensor, bias: Tensor | None, top
     # scores buffer and the logits always share a dtype
     scores = logits.to(_F32).contiguous()
     if score_func == "sigmoid":
-        histogram = logits.new_empty((chips.BLOCK_STATISTIC_ROWS, experts), dtype=_I32)
+        # zero-filled as vLLM-Kunlun's fused_moe does (torch.zeros, ops/_kunlun_ops.py:406 @09869ee;
+        # compressed_tensors_moe.py:144): the kernels need not write every row of it
+        histogram = logits.new_zeros((chips.BLOCK_STATISTIC_ROWS, experts), dtype=_I32)
         # `bias` is a plain Tensor in the schema, and vLLM-Kunlun always passes one: a zero
         # bias selects exactly what no bias would
         bias = logits.new_zeros(experts, dtype=_F32) if bias is None else bias.to(_F32).contiguous()
@@ -201,12 +203,16 @@ def moe_permute(backend: "KunlunBackend", x: Tensor, ids: Tensor, num_experts: i
     C = backend.runtime.C
     # the dropped ids go to a spare expert, which sorts after the real ones: its rows are cut off
     topk_index, expert_num = spare_expert_ids(ids, num_experts)
-    histogram = ids.new_empty((chips.BLOCK_STATISTIC_ROWS, expert_num), dtype=_I32)
+    # block_statistic, moe_index, expert_m and sorted_tokens_num_lod start at zero, as every
+    # vLLM-Kunlun call site allocates them (torch.zeros: ops/_kunlun_ops.py:406, 534-548 @09869ee,
+    # compressed_tensors_moe.py:144, 176-185 @09869ee; the same at v0.10.1.1 ba13599 and v0.11.0
+    # e9f0322): the closed kernels are not documented to write every entry
+    histogram = ids.new_zeros((chips.BLOCK_STATISTIC_ROWS, expert_num), dtype=_I32)
     C.gen_block_statistic(topk_index, histogram)
-    expanded = x.new_empty((slots, x.shape[1]))
-    slot_to_row = ids.new_empty(slots, dtype=_I32)
-    expert_m = ids.new_empty(expert_num, dtype=_I32)
-    lod = ids.new_empty(expert_num + 1, dtype=_I32)
+    expanded = x.new_empty((slots, x.shape[1]))       # written whole (torch.empty in vLLM-Kunlun too)
+    slot_to_row = ids.new_zeros(slots, dtype=_I32)
+    expert_m = ids.new_zeros(expert_num, dtype=_I32)
+    lod = ids.new_zeros(expert_num + 1, dtype=_I32)
     C.moe_pre_sorted(x=x.contiguous(), topk_index=topk_index, block_statistic=histogram, moe_expand=expanded,
                      moe_index=slot_to_row, expert_m=expert_m, sorted_tokens_num_lod=lod)
     rows = int(lod[num_experts])   # the output size is the data: the op's one host read

@@ -284,6 +284,8 @@ class NpuEmulator:
         self.cann_version = cann
         self.npu = _NpuModule(self)
         self.calls: collections.Counter = collections.Counter()
+        #: (dtype, shape) of the weight scale of every per-token npu_grouped_matmul call
+        self.grouped_matmul_scales: list = []
         self.schemas = (npu_schemas.schemas(version, _schema_kernel, EMULATED_OPS)
                         if npu_schemas.available(version) else None)
 
@@ -798,8 +800,9 @@ class NpuEmulator:
         per-token scale is: inferred), output bfloat16/float16. group_type 0 splits the rows of
         one x over the groups of one weight [E, K, N] by group_list (counts for
         group_list_type 1, a cumulative sum for 0); -1 pairs list entries. The per-token
-        scale of one weight is [E, N] (vllm-ascend @182b75ea passes `scale=[w13_weight_scale]`
-        of that shape, vllm_ascend/quantization/methods/w8a8_dynamic.py)."""
+        scale of one weight is [E, N] (vllm-ascend @182b75ea passes its W8A8 scales of that shape,
+        vllm_ascend/quantization/methods/w8a8_dynamic.py, device/device_op.py:279-290), in the
+        dtype DOCS pair with the output: bfloat16 for a bfloat16 y, float32 for a float16 y."""
         op = "npu_grouped_matmul"
         self.calls[op] += 1
         unsupported = (offset, antiquant_scale, antiquant_offset, activation_input, activation_quant_scale,
@@ -863,7 +866,12 @@ class NpuEmulator:
         if quantised:
             _require(len(scale) == 1 and len(per_token_scale) == 1, op, "one scale and one per_token_scale")
             w_scale, t_scale = scale[0], per_token_scale[0]
-            _tensor(op, "scale[0]", w_scale, (torch.float32, torch.bfloat16), ndim=2)
+            # DOCS' per-token table (group_list a Tensor, A2): scale bfloat16 -> y bfloat16, scale
+            # float32 -> y float16. The [E, N] shape is vllm-ascend's (@182b75ea); DOCS say 1-D.
+            # The emulator follows the adapter's choice: README "npu_grouped_matmul's per-token scale".
+            paired = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float32}[out_dtype]
+            _tensor(op, "scale[0]", w_scale, (paired,), ndim=2)
+            self.grouped_matmul_scales.append((w_scale.dtype, tuple(w_scale.shape)))
             _require(tuple(w_scale.shape) == (experts, n_dim), op, f"scale must be [E, N] = [{experts}, {n_dim}], "
                      f"got {list(w_scale.shape)}")
             _tensor(op, "per_token_scale[0]", t_scale, (torch.float32,), ndim=1)

@@ -22,7 +22,10 @@ Written from the libraries' published code and tests, never from glm5_hal.refere
   aten/src/ATen/native/cuda/GroupedBlas.cpp @00d4eaf9, ScaledBlas.cpp @0174dfab): _grouped_mm's
   CUTLASS path is bf16 on capability major 9 or 10, anything else copies offs to the host
   (counted here as a host sync); _scaled_mm's 1x128 x 128x128 blockwise scaling is sm_90 only,
-  use_fast_accum False, scale_a outer-dim-major [M, K/128], scale_b = w_scale.t().
+  use_fast_accum False, scale_a outer-dim-major [M, K/128], scale_b = w_scale.t() (checked
+  unpadded, as torch checks it), read the way cuBLASLt reads it: each row of weight blocks at a
+  multiple of ceil(K/128) rounded up to 4 (test/test_scaled_matmul_cuda.py @00166b21). The same
+  torch-op behaviours hold up to the 2.15 wheels (backends/cuda/arch.py).
 
 Violating a documented constraint raises CudaOpError (a RuntimeError, as TORCH_CHECK and
 DeepGEMM's DG_HOST_ASSERT do); undocumented behaviour raises NotEmulatedError. Plain CPU
@@ -168,8 +171,28 @@ class _Torch:
         out_dtype = out_dtype or mat_a.dtype
         _require(out_dtype == torch.bfloat16, op, "only a bf16 output is emulated (others unverified in 2.11)")
         a = mat_a.float() * scale_a.repeat_interleave(128, dim=1)[:, :k]
-        b = mat_b.float() * scale_b.repeat_interleave(128, dim=0)[:k].repeat_interleave(128, dim=1)[:, :n]
+        weight_scales = _as_cublaslt_reads_128x128(scale_b.t(), math.ceil(k / 128))    # [N/128, K/128]
+        b = mat_b.float() * weight_scales.t().repeat_interleave(128, dim=0)[:k].repeat_interleave(128, dim=1)[:, :n]
         return (a @ b).to(out_dtype)
+
+
+def _as_cublaslt_reads_128x128(scales: Tensor, k_blocks: int) -> Tensor:
+    """The [ceil(N/128), ceil(K/128)] weight scales cuBLASLt reads from the pointer torch passes:
+    row r starts at element r * L4, L4 = ceil(K/128) rounded up to 4 (pytorch
+    test/test_scaled_matmul_cuda.py @00166b21 _pad_128x128_scales, after cuBLAS's "128x128 2D
+    block scaling" layout; torch._scaled_mm hands over only data_ptr(), ScaledBlas.cpp @0174dfab).
+    A buffer laid out with another row stride is read wrongly, as on the GPU; what lies past the
+    buffer's end is undefined and read here as NaN."""
+    rows = scales.shape[0]
+    padded = -(-k_blocks // 4) * 4
+    storage = scales.untyped_storage()
+    flat = torch.empty(0, dtype=scales.dtype).set_(storage, 0, (storage.nbytes() // scales.element_size(),))
+    start = scales.storage_offset()
+    wanted = rows * padded
+    window = torch.full((wanted,), math.nan, dtype=scales.dtype)
+    available = max(0, min(wanted, flat.numel() - start))
+    window[:available] = flat[start:start + available]
+    return window.view(rows, padded)[:, :k_blocks]
 
 
 class FlashMlaEmulator:

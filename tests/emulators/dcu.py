@@ -16,7 +16,9 @@ vLLM kernels lightop's functions mirror:
 * docs/superpowers/specs/2026-08-25-lightop-categorized-api-v0251-design.md @63935f8e: the
   LightOp 0.6 layout (norm / activation / attention), read from the installed 0.6.0 wheel;
   whether 0.6 still exports the old `lightop.op` names is not said, so the 0.6 emulation has
-  the categorized modules only;
+  the categorized modules only; the deprecated places it names for a lightop without them are
+  the top level or `lightop.op` for norm / activation and `lightop.op` for the top-k, emulated
+  for a lightop before 0.6 either way (`lightop_old_place`);
 * vllm_hcu/platforms/hcu.py @01211a04: device type "cuda", gcnArchName like gfx936 / gfx938;
 * vllm-project/vllm csrc/sampler.cu @00e831b2 (topKPerRowJob: float32 logits rows,
   [row_start, row_end) ranges, indices relative to the row start; a row with at most top-k
@@ -185,10 +187,15 @@ class _LightopKernels:
 
 
 class _Lightop:
-    """The lightop package at one version: before 0.6 the functions live in `lightop.op`, from
-    LightOp 0.6 in `lightop.norm` / `lightop.activation` / `lightop.attention`."""
+    """The lightop package at one version: before 0.6 the functions live in `lightop.op`, or (with
+    `old_place="top"`) RMSNorm and SiLU-and-mul at lightop's top level -- the two deprecated places
+    the LightOp 0.6 design doc names ("Compatible top-level/`lightop.op` fallback" for norm and
+    activation, "Compatible move from `lightop.op`" for the top-k; @63935f8e); from LightOp 0.6 in
+    `lightop.norm` / `lightop.activation` / `lightop.attention`."""
 
-    def __init__(self, emulator: "DcuEmulator", version: str) -> None:
+    def __init__(self, emulator: "DcuEmulator", version: str, old_place: str = "op") -> None:
+        if old_place not in ("op", "top"):
+            raise ValueError(f"old_place must be 'op' or 'top', got {old_place!r}")
         self._emulator = emulator
         self.__name__ = "lightop"
         kernels = _LightopKernels(emulator)
@@ -197,6 +204,10 @@ class _Lightop:
             self.norm = types.SimpleNamespace(rmsnorm_forward_autograd=kernels.rmsnorm_forward_autograd)
             self.activation = types.SimpleNamespace(silu_and_mul_opt=kernels.silu_and_mul_opt)
             self.attention = types.SimpleNamespace(top_k_per_row_prefill=top_k)
+        elif old_place == "top":
+            self.rmsnorm_forward_autograd = kernels.rmsnorm_forward_autograd
+            self.silu_and_mul_opt = kernels.silu_and_mul_opt
+            self.op = types.SimpleNamespace(top_k_per_row_prefill=top_k)
         else:
             self.op = types.SimpleNamespace(rmsnorm_forward_autograd=kernels.rmsnorm_forward_autograd,
                                             silu_and_mul_opt=kernels.silu_and_mul_opt, top_k_per_row_prefill=top_k)
@@ -268,14 +279,15 @@ class _VllmOps:
 
 class DcuEmulator:
     """Stands in for DcuRuntime. `card` is a key of CARDS, `flavor` a key of FLAVORS (the torch
-    build); `lightop` (a version, or None: not installed), `vllm` and `grouped_mm` ("ok",
+    build); `lightop` (a version, or None: not installed), `lightop_old_place` (where a lightop
+    before 0.6 keeps RMSNorm and SiLU-and-mul: "op" or "top"), `vllm` and `grouped_mm` ("ok",
     "absent", "raises") configure the optional packages. `calls` counts vendor calls."""
 
     EMULATOR = True
 
     def __init__(self, card: str = "K100_AI", *, flavor: str = "dcu", devices: int = 8,
                  version: str = "2.9.0+das.opt1.dtk2604", lightop: str | None = LIGHTOP_VERSIONS[-1],
-                 vllm: bool = True, grouped_mm: str = "ok") -> None:
+                 vllm: bool = True, grouped_mm: str = "ok", lightop_old_place: str = "op") -> None:
         if card not in CARDS or flavor not in FLAVORS or grouped_mm not in ("ok", "absent", "raises"):
             raise ValueError(f"unknown card/flavor/grouped_mm {card!r}/{flavor!r}/{grouped_mm!r}")
         self.card = card
@@ -283,7 +295,7 @@ class DcuEmulator:
         self.calls: collections.Counter = collections.Counter()
         self.torch = _Torch(self, flavor, version, grouped_mm)
         self.__version__ = version
-        self.lightop = _Lightop(self, lightop) if lightop else None
+        self.lightop = _Lightop(self, lightop, lightop_old_place) if lightop else None
         self.lightop_missing = "" if lightop else "lightop not installed (Hygon's fused-op package from DTK / the DAS image)"
         self.vllm_ops = _VllmOps(self) if vllm else None
         self.vllm_ops_missing = "" if vllm else "vLLM's _C ops unavailable (vllm not installed)"

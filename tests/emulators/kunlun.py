@@ -28,6 +28,12 @@ declares and calls them, at v0.10.1.1 (ba13599), v0.11.0 (e9f0322) and main (098
 * xspeedgate_ops.hadamard_transform as baidu-baige/sglang-kunlun calls it
   (sglang_kunlun/kernels/kernel_ops.py @cc7183ac).
 
+Output buffers vLLM-Kunlun always zero-fills (block_statistic, expert_m, sorted_tokens_num_lod,
+moe_index) are written only where the emulated kernel has something to write (rows of the
+histogram for the chunks it has, counts of experts with rows, the lod after its first entry), so
+an uninitialised buffer leaks into the result as it could on the XPU; every such buffer that
+arrives non-zero is also named in `C.unzeroed_buffers`.
+
 Where the public calls stop, the emulator stops too: other argument combinations, undefined
 block_statistic tensors, expert counts above the 256 of the models vLLM-Kunlun's tutorials
 serve, int8 paths before v0.11.0 raise `NotEmulatedError`. Violations of what the sources do
@@ -102,13 +108,15 @@ def _tensor(op: str, name: str, t: object, dtypes: Sequence[torch.dtype] | None 
     return t
 
 
-def _histogram(flat_ids: Tensor, experts: int) -> Tensor:
-    """The [12, experts] block_statistic: per-expert counts of 12 contiguous chunks of the ids."""
-    out = torch.zeros(BLOCK_STATISTIC_ROWS, experts, dtype=_I32)
+def _write_histogram(into: Tensor, flat_ids: Tensor, experts: int) -> None:
+    """The [12, experts] block_statistic: per-expert counts of up to 12 contiguous chunks of the
+    ids, one row per chunk. Fewer ids than 12 full chunks leave the last rows as they were: the
+    kernel writes the rows of the chunks it has, and every public caller zero-fills the buffer
+    first (torch.zeros in fused_moe, vllm_kunlun/ops/_kunlun_ops.py:406 @09869ee, and
+    compressed_tensors_moe.py:144), which is what makes the rows it skips read as zero."""
     chunk = max(1, -(-flat_ids.numel() // BLOCK_STATISTIC_ROWS))
     for row, part in enumerate(flat_ids.split(chunk)):
-        out[row] = torch.bincount(part.long(), minlength=experts).to(_I32)
-    return out
+        into[row] = torch.bincount(part.long(), minlength=experts).to(_I32)
 
 
 class _Counted:
@@ -200,9 +208,18 @@ class OpsC(_Counted):
     def __init__(self, calls: collections.Counter, prefix: str, version: str) -> None:
         super().__init__(calls, prefix)
         self.fc_acts: list = []
+        #: "op.argument" for every buffer that every vLLM-Kunlun call site zero-fills
+        #: (block_statistic / block_static, moe_index, expert_m, sorted_tokens_num_lod) but that
+        #: arrived holding something else: what the closed kernel then reads is undefined
+        self.unzeroed_buffers: list[str] = []
         self._w8a8 = leading_numbers(version)[:3] >= _W8A8_SINCE
         if self._w8a8:   # registered from v0.11.0 (vllm_utils_wrapper.py:2016 there)
             self.matmul = self._matmul
+
+    def _note_unzeroed(self, op: str, **buffers: Tensor) -> None:
+        for name, t in buffers.items():
+            if isinstance(t, Tensor) and t.numel() and bool((t != 0).any()):
+                self.unzeroed_buffers.append(f"{op}.{name}")
 
     def _route_outputs(self, op, x, first, second):
         _tensor(op, "x", x, FLOATS, ndim=2)
@@ -264,6 +281,7 @@ class OpsC(_Counted):
         topk = self._route_outputs(op, x, norm_score, topk_index)
         experts = x.shape[1]
         _tensor(op, "block_static", block_static, (_I32,), shape=(BLOCK_STATISTIC_ROWS, experts))
+        self._note_unzeroed(op, block_static=block_static)
         _tensor(op, "bias", bias, FLOATS, shape=(experts,))
         scores = torch.sigmoid(x.float())
         routing = scores + bias.float().view(1, -1)
@@ -279,7 +297,7 @@ class OpsC(_Counted):
         weights = weights / weights.sum(dim=-1, keepdim=True) * float(scale)
         topk_index.copy_(ids.to(_I32))
         norm_score.copy_(weights)
-        block_static.copy_(_histogram(ids.reshape(-1), experts))
+        _write_histogram(block_static, ids.reshape(-1), experts)
 
     def gen_block_statistic(self, topk_ids, block_statistic):
         op = "gen_block_statistic"
@@ -288,10 +306,11 @@ class OpsC(_Counted):
         experts = block_statistic.shape[1]
         _experts_documented(op, experts)
         _require(block_statistic.shape[0] == BLOCK_STATISTIC_ROWS, op, f"block_statistic needs {BLOCK_STATISTIC_ROWS} rows")
+        self._note_unzeroed(op, block_statistic=block_statistic)
         flat = topk_ids.reshape(-1)
         _require(flat.numel() == 0 or bool(((flat >= 0) & (flat < experts)).all()), op,
                  f"topk ids must lie in [0, {experts})")
-        block_statistic.copy_(_histogram(flat, experts))
+        _write_histogram(block_statistic, flat, experts)
 
     def moe_pre_sorted(self, x, topk_index, block_statistic, moe_expand, moe_index, expert_m,
                        sorted_tokens_num_lod, index_have_neg=False):
@@ -312,14 +331,21 @@ class OpsC(_Counted):
         _tensor(op, "moe_expand", moe_expand, (x.dtype,), shape=(tokens * topk, x.shape[1]))
         _tensor(op, "moe_index", moe_index, (_I32,), shape=(tokens * topk,))
         _tensor(op, "sorted_tokens_num_lod", sorted_tokens_num_lod, (_I32,), shape=(experts + 1,))
+        self._note_unzeroed(op, moe_index=moe_index, expert_m=expert_m, sorted_tokens_num_lod=sorted_tokens_num_lod)
         # the slots grouped by expert; the order inside an expert is not documented: stable here
         order = torch.argsort(flat, stable=True)
         slot_token = torch.arange(tokens).repeat_interleave(topk)
         moe_expand.copy_(x[slot_token[order]])
         moe_index.copy_(torch.argsort(order).to(_I32))
         counts = torch.bincount(flat, minlength=experts)
-        expert_m.copy_(counts.to(_I32))
-        sorted_tokens_num_lod[0] = 0
+        # Written only where there is something to write: the count of an expert that has rows,
+        # and the lod's running ends (lod[0] stays as found). vLLM-Kunlun zero-fills expert_m,
+        # sorted_tokens_num_lod and moe_index before every call (torch.zeros,
+        # ops/_kunlun_ops.py:534-548 @09869ee, compressed_tensors_moe.py:176-185 @09869ee, the same
+        # at v0.10.1.1 and v0.11.0); what the closed kernel leaves unwritten is undocumented, and
+        # this is the reading under which that zero-fill matters. moe_index gets every slot.
+        used = counts > 0
+        expert_m[used] = counts[used].to(_I32)
         sorted_tokens_num_lod[1:].copy_(counts.cumsum(0).to(_I32))
 
     def moe_fc(self, x, weight, sorted_tokens_num_lod, sorted_tokens_idx, moe_topk, y, act=None,
