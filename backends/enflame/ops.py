@@ -1,0 +1,161 @@
+"""Adapters from glm5_hal's canonical ops to the kernels vllm-gcu registers for Enflame GCUs
+(`torch.ops._C.*`, `torch.ops._C_cache_ops.*` once `vllm_gcu._C` is imported).
+
+Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which every
+EnflameBackend instance binds to itself; it reaches the vendor through `backend.runtime`
+(GcuRuntime over the real modules, or the emulator in tests). Inputs arrive validated by
+glm5_hal.ops; an adapter converts layouts, calls the vendor op and returns exactly the
+canonical outputs. Each `supports()` returns a reason when the call is outside what the
+vendor op takes (dtype, vllm-gcu missing, a vllm-gcu version outside the one read), so
+dispatch moves on. No adapter reads device data on the host. README.md has the table.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from glm5_hal.vendor_backend import Adapter, Verdict, host_reads_allowed, dtype_name, first_reason, rope_angles, weight_cast_declined
+
+if TYPE_CHECKING:
+    from . import EnflameBackend
+
+_F32, _F16, _BF16, _I64 = torch.float32, torch.float16, torch.bfloat16, torch.int64
+FLOATS = (_F32, _F16, _BF16)
+
+#: The vendor constraints the adapters check, as reported in capabilities().limits.
+OP_LIMITS = {
+    "_C.rms_norm / _C.silu_and_mul": "float32/float16/bfloat16 (vLLM's schema; the weight in x's dtype)",
+    "_C.rotary_embedding": "in place on a float32 copy with a float32 cos_sin_cache; both pair layouts",
+    "_C.dynamic_scaled_int8_quant": "symmetric per token (azp None); rows of zeros fixed to the contract's 0 codes; "
+                                    "rows whose 127 / absmax overflows declined (checked where x is host-readable)",
+    "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), contiguous cache, "
+                                         "int64 slots",
+    "vllm_gcu versions": "op schemas read for vllm-gcu on vLLM 0.8.0-0.9.2 (chips.VLLM_GCU_OPS); others declined",
+}
+
+
+def _ops_declined(backend: "EnflameBackend") -> str | None:
+    runtime = backend.runtime
+    if runtime.ops is None:
+        return runtime.ops_missing
+    return backend.unverified("vllm_gcu_ops")
+
+
+# -- rms_norm, silu_and_mul -------------------------------------------------------------------------
+def rms_norm_supported(backend: "EnflameBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
+    return first_reason(lambda: _ops_declined(backend),
+                        lambda: weight_cast_declined(x, weight, "vLLM's rms_norm schema takes the weight"))
+
+
+def rms_norm(backend: "EnflameBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.numel() == 0:
+        return out
+    backend.runtime.ops._C.rms_norm(out, x.contiguous(), weight.to(x.dtype).contiguous(), float(eps))
+    return out
+
+
+def silu_and_mul_supported(backend: "EnflameBackend", x: Tensor) -> Verdict:
+    return _ops_declined(backend) or True
+
+
+def silu_and_mul(backend: "EnflameBackend", x: Tensor) -> Tensor:
+    out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+    if out.numel() == 0:
+        return out
+    backend.runtime.ops._C.silu_and_mul(out, x.contiguous())
+    return out
+
+
+# -- apply_rope -----------------------------------------------------------------------------------
+def apply_rope_supported(backend: "EnflameBackend", x: Tensor, positions: Tensor, theta: float,
+                         interleaved: bool) -> Verdict:
+    return _ops_declined(backend) or True
+
+
+def apply_rope(backend: "EnflameBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
+    tokens, heads, rot = x.shape
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    angles = rope_angles(positions, rot, theta)
+    # one cache row per token, looked up by the token's index: the cache never spans the
+    # largest position; float32 throughout so the result is rounded once, as the contract's
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
+    query = x.to(_F32, copy=True).reshape(tokens, heads * rot).contiguous()
+    scratch_key = torch.zeros((tokens, rot), dtype=_F32, device=x.device)  # a Tensor! argument; discarded
+    token_index = torch.arange(tokens, dtype=_I64, device=x.device)
+    backend.runtime.ops._C.rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache, not interleaved)
+    return query.view(tokens, heads, rot).to(x.dtype)
+
+
+# -- int8_quant ---------------------------------------------------------------------------------------
+#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
+#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
+SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
+
+
+def reciprocal_overflow(x: Tensor, kernel: str) -> str | None:
+    """The reason to decline a quantization whose 127 / absmax overflows (a nonzero row below
+    SCALE_OVERFLOW_ABSMAX). A data check: on a device it runs only under GLM5_HAL_CHECKS=full
+    (reading x would synchronise), so there such rows reach the kernel unseen by default."""
+    if not x.numel() or not host_reads_allowed(x):
+        return None
+    absmax = x.detach().float().abs().amax(-1)
+    if bool(((absmax > 0) & (absmax < SCALE_OVERFLOW_ABSMAX)).any()):
+        return (f"a row's absmax is below {SCALE_OVERFLOW_ABSMAX:.3g}: {kernel} multiplies by 127 / absmax (vLLM's "
+                "formula), which overflows to inf and saturates every code")
+    return None
+
+
+def int8_quant_supported(backend: "EnflameBackend", x: Tensor) -> Verdict:
+    return first_reason(lambda: _ops_declined(backend),
+                        lambda: reciprocal_overflow(x, "_C.dynamic_scaled_int8_quant"))
+
+
+def int8_quant(backend: "EnflameBackend", x: Tensor) -> tuple[Tensor, Tensor]:
+    rows = x.reshape(-1, x.shape[-1]).contiguous() if x.numel() else x.reshape(-1, x.shape[-1])
+    codes = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    scales = torch.empty((rows.shape[0], 1), dtype=_F32, device=x.device)
+    if x.numel() == 0:
+        return codes, scales.view(x.shape[:-1])
+    backend.runtime.ops._C.dynamic_scaled_int8_quant(codes.view(rows.shape), rows, scales, None)
+    scale = scales.view(x.shape[:-1])
+    # a row of zeros divides by a zero scale in vLLM's kernel; the contract gives it 0 codes
+    return torch.where((scale == 0).unsqueeze(-1), 0, codes).to(torch.int8), scale
+
+
+# -- kv_cache_write ---------------------------------------------------------------------------------
+def kv_cache_write_supported(backend: "EnflameBackend", cache: Tensor, values: Tensor,
+                             slot_mapping: Tensor) -> Verdict:
+    return first_reason(
+        lambda: _ops_declined(backend),
+        lambda: None if cache.dtype == values.dtype else
+        f"concat_and_cache_mla with kv_cache_dtype 'auto' stores the input type: a {dtype_name(cache.dtype)} cache "
+        f"needs {dtype_name(cache.dtype)} values, got {dtype_name(values.dtype)}",
+        lambda: None if cache.dim() == 3 else f"concat_and_cache_mla writes a [blocks, block_size, D] cache, got "
+                                              f"{cache.dim()}-D",
+        lambda: None if cache.is_contiguous() else "concat_and_cache_mla writes a contiguous cache",
+        lambda: None if cache.shape[-1] >= 2 else "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2")
+
+
+def kv_cache_write(backend: "EnflameBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
+    tokens, dim = values.shape
+    if tokens == 0:
+        return
+    # the MLA row is kv_c then k_pe; the contract's row is written whole, so any split holds
+    split = dim - dim // 2
+    values = values.contiguous()
+    scale = torch.ones(1, dtype=_F32, device=values.device)
+    backend.runtime.ops._C_cache_ops.concat_and_cache_mla(values[:, :split], values[:, split:], cache,
+                                                          slot_mapping.to(_I64).contiguous(), "auto", scale)
+
+
+ADAPTERS = (
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
+    Adapter("int8_quant", int8_quant, dtypes=FLOATS, supports=int8_quant_supported),
+    Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported),
+)
