@@ -80,7 +80,8 @@ class EnflameBackend(VendorBackend):
     def chip_limits(self, chip: ChipInfo) -> dict:
         gen = chip.generation
         return {"products": gen.products, "fp8": gen.fp8,
-                "own kernels": "none: vllm-gcu's kernels are TopsCC (.tops) sources; the CUDA-dialect ones do not build"}
+                "own kernels": "none: vllm-gcu's kernels are TopsCC (.tops) sources; the CUDA-dialect ones do not "
+                               "build"}
 
 
 enflame = EnflameBackend()

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.vendor_backend import Adapter, Verdict, host_reads_allowed, dtype_name, first_reason, rope_angles, weight_cast_declined
+from glm5_hal.vendor_backend import (Adapter, Verdict, first_reason, host_reads_allowed, rope_angles,
+                                     weight_cast_declined)
 
 if TYPE_CHECKING:
     from . import EnflameBackend
@@ -30,8 +31,7 @@ OP_LIMITS = {
     "_C.rotary_embedding": "in place on a float32 copy with a float32 cos_sin_cache; both pair layouts",
     "_C.dynamic_scaled_int8_quant": "symmetric per token (azp None); rows of zeros fixed to the contract's 0 codes; "
                                     "rows whose 127 / absmax overflows declined (checked where x is host-readable)",
-    "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), contiguous cache, "
-                                         "int64 slots",
+    "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), int64 slots, D >= 2",
     "vllm_gcu versions": "op schemas read for vllm-gcu on vLLM 0.8.0-0.9.2 (chips.VLLM_GCU_OPS); others declined",
 }
 
@@ -129,14 +129,10 @@ def int8_quant(backend: "EnflameBackend", x: Tensor) -> tuple[Tensor, Tensor]:
 # -- kv_cache_write ---------------------------------------------------------------------------------
 def kv_cache_write_supported(backend: "EnflameBackend", cache: Tensor, values: Tensor,
                              slot_mapping: Tensor) -> Verdict:
+    # the contract already gives a contiguous [blocks, block_size, D] cache of the values' dtype,
+    # which is what kv_cache_dtype "auto" stores
     return first_reason(
         lambda: _ops_declined(backend),
-        lambda: None if cache.dtype == values.dtype else
-        f"concat_and_cache_mla with kv_cache_dtype 'auto' stores the input type: a {dtype_name(cache.dtype)} cache "
-        f"needs {dtype_name(cache.dtype)} values, got {dtype_name(values.dtype)}",
-        lambda: None if cache.dim() == 3 else f"concat_and_cache_mla writes a [blocks, block_size, D] cache, got "
-                                              f"{cache.dim()}-D",
-        lambda: None if cache.is_contiguous() else "concat_and_cache_mla writes a contiguous cache",
         lambda: None if cache.shape[-1] >= 2 else "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2")
 
 

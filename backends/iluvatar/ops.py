@@ -26,7 +26,7 @@ from torch import Tensor
 from glm5_hal.backends._cuda_dialect import WORKSPACE_BUDGET_BYTES
 from glm5_hal.backends._cuda_dialect import adapters as gpu
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, host_reads_allowed, dtype_name, first_reason
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, host_reads_allowed
 
 from . import chips
 

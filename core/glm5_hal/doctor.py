@@ -196,7 +196,7 @@ def format_report(report: dict) -> str:
         bridge += " installed" if v["bridge"] and v["bridge_installed"] else (" missing" if v["bridge"] else "")
         out.append(f"{name:<10} {bridge:<22} {(v['toolchain_root'] or 'not found'):<28} "
                    f"{v['smi'] + (' found' if v['device_tool'] else ' not found'):<22} {v['dist_backend']:<6} "
-                   + " ".join(f"{k}={val if val is not None else '(unset)'}" for k, val in v["visible_devices"].items()))
+                   + " ".join(f"{k}={'(unset)' if val is None else val}" for k, val in v["visible_devices"].items()))
     tc = report["toolchains"]
     out.append(f"{'cuda':<10} {'(torch build)':<22} {(tc['cuda'] or ('nvcc on PATH' if tc['nvcc'] else 'not found')):<28}")
     out.append("")

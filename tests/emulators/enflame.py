@@ -168,7 +168,8 @@ class _COps:
         tokens = input.numel() // max(hidden, 1)
         _require(input.is_contiguous() and output.is_contiguous(), op, "input and output must be contiguous")
         _require(output.dtype == torch.int8 and output.shape == input.shape, op, "output must be int8 like input")
-        _require(scales.dtype == torch.float32 and scales.numel() == tokens, op, f"scales must be float32 [{tokens}, 1]")
+        _require(scales.dtype == torch.float32 and scales.numel() == tokens, op,
+                 f"scales must be float32 [{tokens}, 1]")
         rows = input.reshape(tokens, hidden).float()
         absmax = rows.abs().amax(-1, keepdim=True)
         scale = absmax / 127.0

@@ -135,7 +135,8 @@ class _Ixformer:
         if input.dtype not in HALVES:
             raise NotEmulatedError(f"{op}: public callers run it on fp16/bf16 only, got {input.dtype}")
         _require(input.is_contiguous() and output.is_contiguous(), op, "input and output must be contiguous")
-        _require(output.dtype == torch.int8 and output.shape == input.shape, op, "output must be int8 shaped like input")
+        _require(output.dtype == torch.int8 and output.shape == input.shape, op,
+                 "output must be int8 shaped like input")
         _require(scale.dtype == torch.float32 and scale.shape == input.shape[:-1], op,
                  f"scale must be float32 {list(input.shape[:-1])}")
         xf = input.float()

@@ -1,0 +1,203 @@
+"""The Enflame GCU backend: probe reasons (torch_gcu and torch.gcu as vllm-gcu's platform reads
+them), generations by capability, vllm-gcu's op schemas chosen by its version, and every adapter
+run end to end against the GCU emulator (tests/emulators/enflame.py) on CPU tensors, compared with
+glm5_hal.reference; declined calls name the reason and never reach the vendor op."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+import glm5_hal as hal
+from glm5_hal import vendors
+from glm5_hal.backends.enflame import EnflameBackend
+from glm5_hal.backends.enflame.runtime import load_ops
+from emulators.enflame import GcuEmulator
+
+from conftest import seeded
+
+EMU = "enflame_emu"
+F32, F16, BF16, I32, I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
+FLOATS = (F32, F16, BF16)
+
+
+def as_plugin(backend) -> types.ModuleType:
+    module = types.ModuleType("enflame_emulated_plugin")
+    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
+    return module
+
+
+def emulated(chip: str = "gcu400", **runtime_kwargs) -> EnflameBackend:
+    return EnflameBackend(runtime=GcuEmulator(chip, **runtime_kwargs), name=EMU, device_type="cpu", priority=1000)
+
+
+def register(hal_state, monkeypatch, chip: str = "gcu400", **runtime_kwargs) -> EnflameBackend:
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    backend = emulated(chip, **runtime_kwargs)
+    hal_state(as_plugin(backend), EMU)
+    assert backend.availability().available, backend.availability().reason
+    return backend
+
+
+@pytest.fixture
+def gcu(hal_state, monkeypatch) -> EnflameBackend:
+    return register(hal_state, monkeypatch)
+
+
+def chosen(op, *args) -> str:
+    return hal.explain(op, *args).chosen
+
+
+def rejection(op, *args) -> str:
+    return dict(hal.explain(op, *args).rejected).get(f"{EMU}.{op}", "")
+
+
+def randn(*shape, g, dtype=F32, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+# -- probe -----------------------------------------------------------------------------------------------
+def test_on_this_machine_the_registered_backend_says_torch_gcu_is_missing():
+    row = next(r for r in hal.backends() if r.name == "enflame")
+    assert (row.available, row.device_type, row.reason) == (False, "gcu", "bridge torch_gcu not installed")
+    assert set(row.ops) == {"rms_norm", "silu_and_mul", "apply_rope", "int8_quant", "kv_cache_write"}
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"gcu_attribute": False}, "torch_gcu imported but did not register the gcu device (torch.gcu is missing); is this "
+                               "torch_gcu built for this torch?"),
+    ({"version": "2.6.0+3.4.1"}, "torch_gcu 2.6.0+3.4.1 is too old: vllm-gcu's ops need torch_gcu 2.7 (PyTorch 2.7)"),
+    ({"devices": 0}, "no GCU visible (torch.gcu.device_count() == 0; check `efsmi` and TOPS_VISIBLE_DEVICES)"),
+])
+def test_probe_gives_a_specific_reason(kwargs, expected):
+    availability = emulated(**kwargs).availability()
+    assert not availability.available and availability.reason == expected
+
+
+def test_an_unknown_generation_is_declined():
+    availability = emulated("gcu200").availability()
+    assert availability.reason == ("unsupported GCU generation (torch.gcu capability 2.0, Enflame T20); the enflame "
+                                   "backend supports gcu300 (capability 3.x), gcu400 (capability 4.x)")
+
+
+@pytest.mark.parametrize("chip,dtypes", [("gcu300", {F32, F16, BF16}),
+                                         ("gcu400", {F32, F16, BF16, torch.float8_e4m3fn})])
+def test_capabilities_per_generation(chip, dtypes):
+    backend = emulated(chip)
+    assert backend.availability().reason.startswith(
+        f"EMULATED (GcuEmulator): 8 x {GcuEmulator(chip).gcu.get_device_name()} ({chip}), torch_gcu 2.7.0+3.5.0, "
+        "vllm_gcu 0.9.2+3.6")
+    caps = backend.cached_capabilities()
+    assert (set(caps.dtypes), caps.dist_backend) == (dtypes, "eccl")
+    assert caps.limits["arch"] == chip and caps.limits["fp8"] == (chip == "gcu400")
+    assert backend.versions()["chip"].endswith(f"(capability {GcuEmulator(chip).gcu.get_device_capability()[0]}.0)")
+
+
+def test_a_torch_whose_cuda_answers_for_gcus_is_identified_as_enflame_before_any_cuda_flavor():
+    patched = types.SimpleNamespace(gcu=types.SimpleNamespace(), version=types.SimpleNamespace(cuda="12.8", hip=None),
+                                    __version__="2.7.0")
+    assert vendors.identify(patched) == "enflame"
+
+
+def test_without_vllm_gcu_every_adapter_declines_with_the_reason(hal_state, monkeypatch):
+    register(hal_state, monkeypatch, vllm_gcu=None)
+    assert rejection("silu_and_mul", torch.ones(2, 8)) == (
+        "vllm_gcu not installed (vllm-gcu's ops: EnflameTechnology/vllm-gcu)")
+
+
+def test_the_real_runtime_says_vllm_gcu_is_missing():
+    assert load_ops(torch) == (None, "vllm_gcu not installed (vllm-gcu's ops: EnflameTechnology/vllm-gcu)")
+
+
+def test_a_vllm_gcu_outside_the_read_range_narrows_the_backend(hal_state, monkeypatch):
+    backend = register(hal_state, monkeypatch, vllm_gcu="0.10.1+3.7")
+    assert "vllm_gcu 0.10.1+3.7 is newer than 0.9.2" in backend.availability().reason
+    assert rejection("rms_norm", torch.ones(2, 8), torch.ones(8), 1e-6).startswith("vllm_gcu_ops unverified here")
+    assert backend.runtime.calls["rms_norm"] == 0
+
+
+def test_the_bridge_is_found_without_importing_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_gcu", None)   # importing it would raise
+    assert EnflameBackend().availability().reason == "bridge torch_gcu not installed"
+
+
+# -- adapters --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rms_norm_matches_the_reference(gcu, dtype):
+    g = seeded(1)
+    x, w = randn(2, 3, 72, g=g, dtype=dtype), randn(72, g=g, dtype=dtype)
+    assert chosen("rms_norm", x, w, 1e-6) == f"{EMU}.rms_norm"
+    torch.testing.assert_close(hal.ops.rms_norm(x, w, 1e-6), hal.reference.rms_norm(x, w, 1e-6), rtol=1.6e-2, atol=1e-5)
+    assert gcu.runtime.calls["rms_norm"] == 1
+
+
+def test_rms_norm_declines_a_weight_it_would_round(gcu):
+    assert rejection("rms_norm", torch.ones(2, 8, dtype=BF16), torch.ones(8), 1e-6) == (
+        "vLLM's rms_norm schema takes the weight in x's dtype; casting the float32 weight to bfloat16 would round it")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_silu_and_mul_matches_the_reference(gcu, dtype):
+    x = randn(3, 5, 34, g=seeded(2), dtype=dtype)
+    assert chosen("silu_and_mul", x) == f"{EMU}.silu_and_mul"
+    torch.testing.assert_close(hal.ops.silu_and_mul(x), hal.reference.silu_and_mul(x), rtol=1.6e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_apply_rope_matches_the_reference_in_both_pair_layouts(gcu, interleaved, dtype):
+    g = seeded(3)
+    x = randn(5, 3, 64, g=g, dtype=dtype)
+    positions = torch.tensor([0, 7, 4095, 3, 100000])
+    assert chosen("apply_rope", x, positions, 10000.0, interleaved) == f"{EMU}.apply_rope"
+    torch.testing.assert_close(hal.ops.apply_rope(x, positions, 10000.0, interleaved),
+                               hal.reference.apply_rope(x, positions, 10000.0, interleaved), rtol=1.6e-2, atol=1e-4)
+    assert gcu.runtime.calls["rotary_embedding"] == 1
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_int8_quant_matches_the_reference_including_a_row_of_zeros(gcu, dtype):
+    x = randn(4, 40, g=seeded(4), dtype=dtype)
+    x[2] = 0
+    q, scale = hal.ops.int8_quant(x)
+    ref_q, ref_scale = hal.reference.int8_quant(x)
+    torch.testing.assert_close(scale, ref_scale)
+    assert (q.int() - ref_q.int()).abs().max() <= 1 and not q[2].any()
+    assert gcu.runtime.calls["dynamic_scaled_int8_quant"] == 1
+
+
+def test_int8_quant_declines_a_row_whose_reciprocal_scale_overflows(gcu):
+    x = torch.ones(2, 8)
+    x[0] = 1e-38
+    assert "overflows to inf and saturates every code" in rejection("int8_quant", x)
+    assert gcu.runtime.calls["dynamic_scaled_int8_quant"] == 0
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float8_e4m3fn])
+def test_kv_cache_write_matches_the_reference_and_skips_padded_slots(gcu, dtype):
+    g = seeded(5)
+    values = randn(4, 10, g=g).to(dtype)
+    slots = torch.tensor([5, -1, 0, 11])
+    cache = torch.zeros(3, 4, 10).to(dtype)
+    expected = cache.clone()
+    hal.reference.kv_cache_write(expected, values, slots)
+    assert chosen("kv_cache_write", cache, values, slots) == f"{EMU}.kv_cache_write"
+    hal.ops.kv_cache_write(cache, values, slots)
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    assert gcu.runtime.calls["concat_and_cache_mla"] == 1
+
+
+def test_kv_cache_write_declines_what_concat_and_cache_mla_cannot_write(gcu):
+    slots = torch.tensor([0])
+    assert rejection("kv_cache_write", torch.zeros(2, 2, 1), torch.ones(1, 1), slots) == (
+        "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2")
+
+
+def test_the_emulated_op_checks_its_schema():
+    ops = GcuEmulator().ops._C
+    with pytest.raises(RuntimeError, match="weight must be"):
+        ops.rms_norm(torch.empty(2, 8), torch.ones(2, 8), torch.ones(8, dtype=BF16), 1e-6)
+    with pytest.raises(RuntimeError, match="positions must be int64"):
+        ops.rotary_embedding(torch.zeros(2, dtype=I32), torch.ones(2, 4), torch.ones(2, 4), 4, torch.ones(2, 4), True)
