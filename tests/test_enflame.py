@@ -62,7 +62,8 @@ def randn(*shape, g, dtype=F32, scale=1.0):
 def test_on_this_machine_the_registered_backend_says_torch_gcu_is_missing():
     row = next(r for r in hal.backends() if r.name == "enflame")
     assert (row.available, row.device_type, row.reason) == (False, "gcu", "bridge torch_gcu not installed")
-    assert set(row.ops) == {"rms_norm", "silu_and_mul", "apply_rope", "int8_quant", "kv_cache_write"}
+    assert set(row.ops) == {"rms_norm", "silu_and_mul", "apply_rope", "int8_quant", "kv_cache_write",
+                            "fp8_block_gemm"}
 
 
 @pytest.mark.parametrize("kwargs,expected", [
@@ -193,6 +194,39 @@ def test_kv_cache_write_declines_what_concat_and_cache_mla_cannot_write(gcu):
     slots = torch.tensor([0])
     assert rejection("kv_cache_write", torch.zeros(2, 2, 1), torch.ones(1, 1), slots) == (
         "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2")
+
+
+def fp8_operands(m: int, n: int, k: int, g: torch.Generator):
+    a = randn(m, k, g=g).to(torch.float8_e4m3fn)
+    w = randn(n, k, g=g).to(torch.float8_e4m3fn)
+    return a, torch.rand(m, k // 128, generator=g), w, torch.rand(-(-n // 128), k // 128, generator=g)
+
+
+@pytest.mark.parametrize("out_dtype", [F16, BF16])
+def test_fp8_block_gemm_matches_the_reference_on_gcu400(gcu, out_dtype):
+    a, a_scale, w, w_scale = fp8_operands(5, 130, 256, seeded(6))
+    assert chosen("fp8_block_gemm", a, a_scale, w, w_scale, out_dtype) == f"{EMU}.fp8_block_gemm"
+    torch.testing.assert_close(hal.ops.fp8_block_gemm(a, a_scale, w, w_scale, out_dtype),
+                               hal.reference.fp8_block_gemm(a, a_scale, w, w_scale, out_dtype), rtol=1.6e-2, atol=1e-2)
+    assert gcu.runtime.calls["linear_quant"] == 1
+
+
+def test_fp8_block_gemm_with_no_columns_is_zero_though_the_op_writes_nothing(gcu):
+    a, w = torch.empty(2, 0, dtype=torch.float8_e4m3fn), torch.empty(3, 0, dtype=torch.float8_e4m3fn)
+    out = hal.ops.fp8_block_gemm(a, torch.empty(2, 0), w, torch.empty(1, 0), BF16)
+    assert chosen("fp8_block_gemm", a, torch.empty(2, 0), w, torch.empty(1, 0), BF16) == f"{EMU}.fp8_block_gemm"
+    assert torch.equal(out, torch.zeros(2, 3, dtype=BF16))
+
+
+def test_fp8_block_gemm_declines_float32_out_and_a_gcu300(hal_state, monkeypatch):
+    a, a_scale, w, w_scale = fp8_operands(2, 3, 128, seeded(7))
+    register(hal_state, monkeypatch)
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, F32) == (
+        "linear_quant serves w8a8_block_fp8_matmul, whose outputs are fp16/bf16, not float32")
+    hal.unload_plugin(EMU)
+    register(hal_state, monkeypatch, "gcu300")
+    assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, BF16) == (
+        "device Enflame S60 does not support float8_e4m3fn (capabilities: {bfloat16, float16, float32})")
 
 
 def test_the_emulated_op_checks_its_schema():

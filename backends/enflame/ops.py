@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.vendor_backend import (Adapter, Verdict, first_reason, host_reads_allowed, rope_angles,
+from glm5_hal.vendor_backend import (Adapter, Verdict, dtype_name, first_reason, host_reads_allowed, rope_angles,
                                      weight_cast_declined)
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ OP_LIMITS = {
     "_C.dynamic_scaled_int8_quant": "symmetric per token (azp None); rows of zeros fixed to the contract's 0 codes; "
                                     "rows whose 127 / absmax overflows declined (checked where x is host-readable)",
     "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), int64 slots, D >= 2",
+    "_C.linear_quant": "fp8_block_gemm on gcu400 (FP8 from vLLM capability 14.0): fp16/bf16 out (vLLM's "
+                       "w8a8_block_fp8_matmul layout: per-token-group x 128 x 128 block scales)",
     "vllm_gcu versions": "op schemas read for vllm-gcu on vLLM 0.8.0-0.9.2 (chips.VLLM_GCU_OPS); others declined",
 }
 
@@ -148,10 +150,35 @@ def kv_cache_write(backend: "EnflameBackend", cache: Tensor, values: Tensor, slo
                                                           slot_mapping.to(_I64).contiguous(), "auto", scale)
 
 
+# -- fp8_block_gemm ---------------------------------------------------------------------------------
+def fp8_block_gemm_supported(backend: "EnflameBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                             out_dtype: torch.dtype) -> Verdict:
+    # a gcu300 never gets here: its capabilities declare no FP8 (chips.GENERATIONS, vllm-gcu's
+    # supports_fp8() from capability 14.0), so dispatch declines it first
+    return first_reason(
+        lambda: _ops_declined(backend),
+        lambda: None if out_dtype in (_F16, _BF16) else
+        f"linear_quant serves w8a8_block_fp8_matmul, whose outputs are fp16/bf16, not {dtype_name(out_dtype)}")
+
+
+def fp8_block_gemm(backend: "EnflameBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
+                   out_dtype: torch.dtype) -> Tensor:
+    out = torch.empty((a.shape[0], w.shape[0]), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    if a.shape[1] == 0:   # linear_quant returns at once on an empty lhs, leaving out unwritten
+        return out.zero_()
+    # vllm-gcu's w8a8_block_fp8_matmul: linear_quant(C, A, B, bias, As, Bs) (_custom_ops.py:564-579)
+    backend.runtime.ops._C.linear_quant(out, a.contiguous(), w.contiguous(), None, a_scale.contiguous(),
+                                        w_scale.contiguous())
+    return out
+
+
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
     Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
     Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
     Adapter("int8_quant", int8_quant, dtypes=FLOATS, supports=int8_quant_supported),
     Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_block_gemm_supported),
 )

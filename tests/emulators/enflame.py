@@ -14,7 +14,14 @@ registers, never from glm5_hal.reference:
   positions, Tensor! query, Tensor! key, int head_size, Tensor cos_sin_cache, bool is_neox),
   dynamic_scaled_int8_quant(Tensor! output, Tensor input, Tensor! scales, Tensor azp),
   _C_cache_ops.concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor
-  slot_mapping, str kv_cache_dtype, Tensor scale));
+  slot_mapping, str kv_cache_dtype, Tensor scale), linear_quant(Tensor! out, Tensor lhs, Tensor
+  rhs, Tensor? bias, Tensor lhs_scale, Tensor rhs_scale));
+* vllm_gcu/kernels/_custom_ops.py:564-579: linear_quant is what vllm-gcu's w8a8_block_fp8_matmul(A,
+  B, As, Bs, block_size, output_dtype=float16) calls, so its layout is that function's in vLLM
+  0.9.2 (vllm/model_executor/layers/quantization/utils/fp8_utils.py): A [M, K] and B [N, K] fp8,
+  As [M, K / 128] per token and 128 columns, Bs [ceil(N / 128), K / 128] per 128 x 128 block, an
+  fp16/bf16 output; _w8a8_block_fp8_matmul accumulates in float32 block by block, each block's
+  products times its two scales (`accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]`);
 * csrc/src/rms_norm.cpp, silu_and_mul.cpp, rotary_embedding.cpp: inputs viewed as
   [-1, size(-1)], an empty input returns at once; the kernels themselves are topsvllm's
   (closed): their numerics follow the vLLM kernels of the same schema --
@@ -177,6 +184,37 @@ class _COps:
         codes = torch.where(absmax == 0, -128.0, codes)  # 0 * inf: not specified (see the module docstring)
         output.view(tokens, hidden).copy_(codes.to(torch.int8))
         scales.view(tokens, 1).copy_(scale)
+
+    def linear_quant(self, out: Tensor, lhs: Tensor, rhs: Tensor, bias: Tensor | None, lhs_scale: Tensor,
+                     rhs_scale: Tensor) -> None:
+        op = "torch.ops._C.linear_quant"
+        self._emulator.calls["linear_quant"] += 1
+        if lhs.numel() == 0:   # linear_quant.cpp returns at once
+            return
+        fp8 = torch.float8_e4m3fn
+        if lhs.dtype != fp8 or rhs.dtype != fp8:
+            raise NotEmulatedError(f"{op}: only the FP8 block path (w8a8_block_fp8_matmul) is emulated")
+        if out.dtype not in (torch.float16, torch.bfloat16):
+            raise NotEmulatedError(f"{op}: w8a8_block_fp8_matmul writes fp16/bf16, got {out.dtype}")
+        if bias is not None:
+            raise NotEmulatedError(f"{op}: the bias path is not emulated")
+        block = 128
+        rows, inner = lhs.shape
+        cols = rhs.shape[0]
+        _require(rhs.dim() == 2 and rhs.shape[1] == inner and inner % block == 0, op,
+                 f"lhs [M, K], rhs [N, K] with K a multiple of {block}")
+        _require(lhs_scale.dtype == rhs_scale.dtype == torch.float32, op, "scales must be float32")
+        _require(tuple(lhs_scale.shape) == (rows, inner // block), op, f"lhs_scale must be [{rows}, {inner // block}]")
+        _require(tuple(rhs_scale.shape) == (-(-cols // block), inner // block), op,
+                 f"rhs_scale must be [{-(-cols // block)}, {inner // block}]")
+        _require(tuple(out.shape) == (rows, cols) and out.is_contiguous(), op, f"out must be [{rows}, {cols}]")
+        _require(lhs.is_contiguous() and rhs.is_contiguous(), op, "lhs and rhs must be contiguous (K-major)")
+        acc = torch.zeros(rows, cols, dtype=torch.float32)
+        column_scale = rhs_scale.repeat_interleave(block, dim=0)[:cols]
+        for k in range(inner // block):
+            part = lhs[:, k * block:(k + 1) * block].float() @ rhs[:, k * block:(k + 1) * block].float().T
+            acc += part * lhs_scale[:, k:k + 1] * column_scale[None, :, k]
+        out.copy_(acc)
 
 
 class _CacheOps:
