@@ -280,8 +280,22 @@ def test_indexer_declines_rows_longer_than_the_candidate_buffer(corex):
         "could overflow it")
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_silu_and_mul_runs_flaggems_fused_kernel_while_the_corex_kernels_are_not_built(corex, dtype):
+    x = randn(3, 5, 34, g=seeded(8), dtype=dtype)
+    assert chosen("silu_and_mul", x) == f"{EMU}.silu_and_mul"
+    torch.testing.assert_close(hal.ops.silu_and_mul(x), hal.reference.silu_and_mul(x), rtol=1.6e-2, atol=1e-5)
+    assert corex.runtime.calls["silu_and_mul"] == 1
+
+
+def test_silu_and_mul_without_kernels_or_flaggems_says_both(hal_state, monkeypatch):
+    register(hal_state, monkeypatch, flag_gems=None)
+    reason = rejection("silu_and_mul", torch.ones(2, 8))
+    assert reason.startswith("CoreX kernel not built") and reason.endswith(
+        "; flag_gems not installed (FlagGems' fused ops)")
+
+
 def test_kernel_only_ops_decline_while_the_corex_kernels_are_not_built(corex):
-    assert rejection("silu_and_mul", torch.ones(2, 8)).startswith("CoreX kernel not built")
     assert rejection("moe_permute", torch.ones(2, 4), torch.zeros(2, 1, dtype=I32), 2).startswith(
         "CoreX kernel not built")
 

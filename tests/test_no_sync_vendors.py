@@ -128,7 +128,7 @@ DECLINED_EVERYWHERE = {
     "dcu lightop 0.5": {"sparse_mla_attention", "sparse_mla_decode_paged", "kv_cache_write", "moe_permute",
                         "moe_unpermute"},                                     # kernel-only ops, no kernels
     "iluvatar BI-V150 no kernels": {"sparse_mla_attention", "sparse_mla_decode_paged", "kv_cache_write",
-                                    "moe_permute", "moe_unpermute", "silu_and_mul"},      # kernel-only ops
+                                    "moe_permute", "moe_unpermute"},                      # kernel-only ops
     "cambricon MLU590": {"indexer_k_cache_write", "fp8_block_gemm", "fp8_grouped_gemm"},   # no FP8 declared
     "cambricon cap6": {"fp8_grouped_gemm"},              # per-block FP8 needs N % 128 == 0: no tiny case has it
 }

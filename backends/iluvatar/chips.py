@@ -82,4 +82,13 @@ IXFORMER_W8A8 = Behaviour("ixformer_w8a8", IXFORMER, (
         "@79773330; models/speech/speech_synthesis/cosyvoice/igie/cv3-eval/pip3.txt:85 (ixformer 0.7.0+corex.4.5.0)"),
 ), verified_up_to=(0, 7))
 
-BEHAVIOURS = (FLAG_GEMS_TOPK, IXFORMER_W8A8)
+#: FlagGems' generic fused silu_and_mul (a Triton kernel, built for CoreX by FlagGems' "corex" Triton
+#: backend): silu in float32 times B, rounded once to the inputs' dtype (fused/silu_and_mul.py:27-31);
+#: _iluvatar/op_black_list.yaml @ed2508bc (the vendor's compatibility table, 2026-03-11) lists only
+#: grouped_topk and topk_softmax as unsupported on Iluvatar. The file is unchanged from v5.3.1 on.
+FLAG_GEMS_SILU = Behaviour("flag_gems_silu_and_mul", FLAG_GEMS, (
+    Era((5, 3, 1), "flag_gems.fused.silu_and_mul(A, B): silu(A) in float32 times B, one rounding",
+        "flagos-ai/FlagGems src/flag_gems/fused/silu_and_mul.py @v5.3.1 .. @ed2508bc (unchanged)"),
+), verified_up_to=(5, 3, 4))
+
+BEHAVIOURS = (FLAG_GEMS_TOPK, FLAG_GEMS_SILU, IXFORMER_W8A8)

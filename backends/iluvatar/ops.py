@@ -46,6 +46,7 @@ OP_LIMITS = {
     "flag_gems top_k_per_row_prefill": "float32 logits; rows no longer than its candidate buffer "
                                        f"(next_pow2(max(2 * topk, {chips.TOPK_MIN_CANDIDATES}))); tail slots sanitised",
     "flag_gems sparse_attn_triton": "not used: no lse, index -1 read as row 0",
+    "flag_gems silu_and_mul": "f32/f16/bf16 (FlagGems' fused Triton kernel) when the CoreX kernel is not built",
     **gpu.KERNEL_LIMITS,
 }
 
@@ -125,6 +126,32 @@ def int8_gemm(backend: "IluvatarBackend", x: Tensor, x_scale: Tensor, w: Tensor,
     backend.runtime.ixformer.w8a8(x.contiguous(), w.contiguous(), x_scale.contiguous(), w_scale.contiguous(),
                                   None, out)
     return out
+
+
+# -- silu_and_mul: CoreX kernel, else FlagGems' fused kernel ----------------------------------------
+def _silu_route(backend: "IluvatarBackend") -> tuple[str | None, str]:
+    kernel = backend.kernels.missing()
+    if kernel is None:
+        return "kernel", ""
+    runtime = backend.runtime
+    gems = (runtime.flag_gems_silu_missing if runtime.silu_and_mul is None else None) or \
+        backend.unverified("flag_gems_silu_and_mul")
+    return ("flag_gems", "") if gems is None else (None, f"{kernel}; {gems}")
+
+
+def silu_and_mul_supported(backend: "IluvatarBackend", x: Tensor) -> Verdict:
+    path, reason = _silu_route(backend)
+    return True if path else reason
+
+
+def silu_and_mul(backend: "IluvatarBackend", x: Tensor) -> Tensor:
+    path, _ = _silu_route(backend)
+    if path == "kernel":
+        return gpu.silu_and_mul(backend, x)
+    half = x.shape[-1] // 2
+    if x.numel() == 0:
+        return x.new_empty((*x.shape[:-1], half))
+    return backend.runtime.silu_and_mul(x[..., :half], x[..., half:])
 
 
 # -- indexer: CoreX kernel, else torch logits + FlagGems' per-row top-k ------------------------------
@@ -262,6 +289,7 @@ ADAPTERS = (
     Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
     Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
     # the CoreX kernels (shared CUDA-dialect sources)
-    gpu.SILU_AND_MUL, gpu.SPARSE_MLA_ATTENTION, SPARSE_MLA_DECODE_PAGED,
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
+    gpu.SPARSE_MLA_ATTENTION, SPARSE_MLA_DECODE_PAGED,
     gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
 )

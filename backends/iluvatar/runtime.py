@@ -13,6 +13,7 @@ implements the same surface on CPU tensors:
                    i_scales, w_scales, bias, output) -- or None, with ixformer_missing the reason
     top_k_per_row_prefill(logits, row_starts, row_ends, indices, num_rows, stride0, stride1,
                    top_k)   FlagGems' Iluvatar kernel -- or None, with flag_gems_missing the reason
+    silu_and_mul(A, B)      FlagGems' fused silu_and_mul -- or None, with flag_gems_silu_missing the reason
     query_tool()   (whether `ixsmi` ran and exited 0, its output or why not): FlagGems'
                    fallback when torch carries no marker
     package_version(name)                                     an installed distribution's version
@@ -33,6 +34,7 @@ from . import chips
 #: w8a8_linear.py:4, LightX2V iluvatar_rms_norm.py:5)
 IXFORMER_FUNCTIONS = "ixformer.inference.functions"
 FLAG_GEMS_FUSED = "flag_gems.runtime.backend._iluvatar.fused"
+FLAG_GEMS_GENERIC = "flag_gems.fused"
 
 
 def _load(module: str, package: str, what: str) -> tuple[Any, str]:
@@ -70,6 +72,7 @@ class IluvatarRuntime:
         self.__version__ = str(getattr(torch_module, "__version__", ""))
         self._ixformer: tuple[Any, str] | None = None
         self._gems: tuple[Any, str] | None = None
+        self._generic: tuple[Any, str] | None = None
 
     @staticmethod
     def package_version(name: str) -> str | None:
@@ -97,6 +100,17 @@ class IluvatarRuntime:
         return getattr(self._gems[0], "top_k_per_row_prefill", None)
 
     @property
+    def silu_and_mul(self) -> Any:
+        if self._generic is None:
+            self._generic = _load(FLAG_GEMS_GENERIC, chips.FLAG_GEMS, "FlagGems' fused ops")
+        return getattr(self._generic[0], "silu_and_mul", None)
+
+    @property
     def flag_gems_missing(self) -> str:
         self.top_k_per_row_prefill  # noqa: B018
         return self._gems[1] or f"{FLAG_GEMS_FUSED} has no top_k_per_row_prefill"
+
+    @property
+    def flag_gems_silu_missing(self) -> str:
+        self.silu_and_mul  # noqa: B018
+        return self._generic[1] or f"{FLAG_GEMS_GENERIC} has no silu_and_mul"

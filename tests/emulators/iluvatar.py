@@ -23,7 +23,8 @@ public code calls it, and the numerics follow the vLLM kernels of the same names
 * vllm-project/vllm csrc/quantization/compressed_tensors/int8_quant_kernels.cu (scale =
   absmax / 127, codes round-to-nearest-even(x * 127 / absmax)) and csrc/layernorm_kernels.cu
   (float32 sums, x * rsqrt rounded to the type, then times the weight).
-FlagGems' kernel is public: flagos-ai/FlagGems src/flag_gems/runtime/backend/_iluvatar/fused/
+FlagGems' kernels are public: fused/silu_and_mul.py @ed2508bc (silu in float32 times B, one
+rounding) and src/flag_gems/runtime/backend/_iluvatar/fused/
 top_k_per_row_prefill.py @ed2508bc (unchanged since v5.3.1): float32 logits, int32 row
 [start, end), indices relative to the start; candidates packed (monotonic key << 32 | index)
 into a zeroed buffer of CAND_PAD = next_pow2(max(2 * top_k, 2048)) slots and sorted
@@ -175,10 +176,22 @@ class _Ixformer:
 
 
 class _FlagGemsIluvatar:
-    """flag_gems.runtime.backend._iluvatar.fused (top_k_per_row_prefill)."""
+    """flag_gems.runtime.backend._iluvatar.fused (top_k_per_row_prefill) and flag_gems.fused
+    (silu_and_mul)."""
 
     def __init__(self, emulator: "IluvatarEmulator") -> None:
         self._emulator = emulator
+
+    def silu_and_mul(self, A: Tensor, B: Tensor) -> Tensor:
+        """FlagGems fused/silu_and_mul.py: a pointwise Triton kernel (any strides, same shapes),
+        silu(A) in float32 times B, the result in the promoted dtype of A and B."""
+        op = "flag_gems silu_and_mul"
+        self._emulator.calls["silu_and_mul"] += 1
+        _require(A.shape == B.shape, op, f"A and B must have one shape, got {list(A.shape)}, {list(B.shape)}")
+        if A.dtype not in (torch.float32, *HALVES) or B.dtype != A.dtype:
+            raise NotEmulatedError(f"{op}: only same-dtype float32/float16/bfloat16 inputs are emulated")
+        a = A.float()
+        return (a / (1.0 + torch.exp(-a)) * B.float()).to(A.dtype)
 
     @staticmethod
     def _keys(values: Tensor) -> Tensor:
@@ -242,7 +255,9 @@ class IluvatarEmulator:
         self.ixformer_missing = "" if ixformer else "ixformer not installed (Iluvatar's op library, from the CoreX SDK)"
         gems = _FlagGemsIluvatar(self) if flag_gems else None
         self.top_k_per_row_prefill = gems.top_k_per_row_prefill if gems else None
+        self.silu_and_mul = gems.silu_and_mul if gems else None
         self.flag_gems_missing = "" if flag_gems else "flag_gems not installed (FlagGems' Iluvatar kernels)"
+        self.flag_gems_silu_missing = "" if flag_gems else "flag_gems not installed (FlagGems' fused ops)"
         self._packages = {k: v for k, v in (("ixformer", ixformer), ("flag_gems", flag_gems)) if v}
 
     def package_version(self, name: str) -> str | None:
