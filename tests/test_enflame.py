@@ -235,3 +235,30 @@ def test_the_emulated_op_checks_its_schema():
         ops.rms_norm(torch.empty(2, 8), torch.ones(2, 8), torch.ones(8, dtype=BF16), 1e-6)
     with pytest.raises(RuntimeError, match="positions must be int64"):
         ops.rotary_embedding(torch.zeros(2, dtype=I32), torch.ones(2, 4), torch.ones(2, 4), 4, torch.ones(2, 4), True)
+
+
+def enflame_torch() -> types.SimpleNamespace:
+    """A torch with torch_gcu loaded and transfer_to_gcu applied: `torch.gcu` set, and torch.cuda
+    answering (here: a CUDA version string and one device) as it would for GCUs."""
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
+                                 get_device_name=lambda device=0: "Enflame S60")
+    return types.SimpleNamespace(gcu=types.SimpleNamespace(), cuda=cuda, __version__="2.7.0",
+                                 version=types.SimpleNamespace(cuda="12.8", hip=None))
+
+
+def test_no_cuda_type_backend_takes_a_gcu_whose_torch_cuda_was_patched():
+    from glm5_hal.backends.cuda import CudaBackend
+    from glm5_hal.backends.dcu import DcuBackend
+    from glm5_hal.backends.dcu.runtime import DcuRuntime
+    from glm5_hal.backends.iluvatar import IluvatarBackend
+    from glm5_hal.backends.iluvatar.runtime import IluvatarRuntime
+    fake = enflame_torch()
+    assert vendors.cuda_flavor(fake) == "enflame"
+    cuda = CudaBackend(runtime=types.SimpleNamespace(EMULATOR=True, torch=fake, package_versions=lambda: {}),
+                       name="cuda_probe", device_type="cpu")
+    assert cuda.availability().reason.startswith("this torch is an Enflame GCU stack (torch.gcu is set")
+    dcu = DcuBackend(runtime=DcuRuntime(fake), name="dcu_probe", device_type="cpu")
+    assert dcu.availability().reason == "this is an Enflame GCU stack (torch.gcu is set), not a Hygon DCU"
+    iluvatar = IluvatarBackend(runtime=IluvatarRuntime(fake), name="iluvatar_probe", device_type="cpu")
+    assert iluvatar.availability().reason.startswith("this is an Enflame GCU stack (torch.gcu is set; torch_gcu's "
+                                                     "transfer_to_gcu makes torch.cuda answer for GCUs)")

@@ -37,6 +37,8 @@ from . import chips, kernels, ops
 from .runtime import IluvatarRuntime
 
 _OTHER_STACKS = {
+    "enflame": "an Enflame GCU stack (torch.gcu is set; torch_gcu's transfer_to_gcu makes torch.cuda answer for "
+               "GCUs)",
     "dcu": "a Hygon DCU stack (torch.__hcu_version__)",
     "kunlun": "a Kunlunxin stack (torch_xmlir is installed)",
     "rocm": "an AMD ROCm stack (torch.version.hip is set)",
@@ -72,9 +74,6 @@ class IluvatarBackend(VendorBackend):
     def _identify_stack(runtime: Any) -> str:
         """How the stack was identified as CoreX, or Declined saying what it is instead."""
         torch_module = runtime.torch
-        if hasattr(torch_module, "gcu"):
-            raise Declined("this is an Enflame GCU stack (torch.gcu is set; torch_gcu's transfer_to_gcu makes "
-                           "torch.cuda answer for GCUs), not Iluvatar CoreX")
         flavor = cuda_flavor(torch_module)
         if flavor == "iluvatar":
             return "torch.corex" if hasattr(torch_module, "corex") else "torch '+corex' build"

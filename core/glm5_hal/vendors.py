@@ -144,9 +144,13 @@ def installed(module: str) -> bool:
 
 
 def cuda_flavor(torch: Any) -> str:
-    """Which stack a `cuda` device of this torch build really is: "dcu", "iluvatar",
+    """Which stack a `cuda` device of this torch build really is: "enflame", "dcu", "iluvatar",
     "kunlun", "rocm" (AMD), "cuda" (NVIDIA) or "none" (no CUDA-type stack at all).
     Uses only attributes and installed modules; never initialises a device."""
+    if hasattr(torch, "gcu"):
+        # torch_gcu's transfer_to_gcu makes torch.cuda answer for GCUs (vllm-gcu's platform
+        # imports it: vllm_gcu/gcu.py:161-162 @7b5aaca9)
+        return "enflame"
     if hasattr(torch, "__hcu_version__"):
         return "dcu"
     # FlagGems keys on the attribute (runtime/common.py _VENDOR_TORCH_ATTR, hasattr(torch, "corex"))
