@@ -262,3 +262,8 @@ def test_no_cuda_type_backend_takes_a_gcu_whose_torch_cuda_was_patched():
     iluvatar = IluvatarBackend(runtime=IluvatarRuntime(fake), name="iluvatar_probe", device_type="cpu")
     assert iluvatar.availability().reason.startswith("this is an Enflame GCU stack (torch.gcu is set; torch_gcu's "
                                                      "transfer_to_gcu makes torch.cuda answer for GCUs)")
+
+
+def test_process_groups_on_gcu_use_eccl():
+    from glm5_hal.dist.group import backend_for_device
+    assert backend_for_device("gcu") == "eccl"    # the vendor table: gcu is Enflame's alone
