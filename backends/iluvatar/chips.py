@@ -73,12 +73,12 @@ FLAG_GEMS_TOPK = Behaviour("flag_gems_topk", FLAG_GEMS, (
 ), verified_up_to=(5, 3, 4))
 
 #: ixformer's w8a8 takes the output as its sixth positional argument in the vendor's own example
-#: (DeepSparkInference flux.1-dev/xdit/w8a8_linear.py:55), whose image lists ixformer
+#: (DeepSparkInference flux.1-dev/xdit/w8a8_linear.py:57), whose image lists ixformer
 #: 0.7.0+corex.4.5.0 (cosyvoice/igie/cv3-eval/pip3.txt:85); LightX2V calls it with out_dtype= instead,
 #: without naming a version. Only 0.7.x is taken as read.
 IXFORMER_W8A8 = Behaviour("ixformer_w8a8", IXFORMER, (
     Era((0, 7, 0), "w8a8(input, weight, i_scales, w_scales, bias, output)",
-        "Deep-Spark/DeepSparkInference models/multimodal/diffusion_model/flux.1-dev/xdit/w8a8_linear.py:45-55 "
+        "Deep-Spark/DeepSparkInference models/multimodal/diffusion_model/flux.1-dev/xdit/w8a8_linear.py:43-57 "
         "@79773330; models/speech/speech_synthesis/cosyvoice/igie/cv3-eval/pip3.txt:85 (ixformer 0.7.0+corex.4.5.0)"),
 ), verified_up_to=(0, 7))
 

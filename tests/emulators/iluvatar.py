@@ -15,7 +15,7 @@ public code calls it, and the numerics follow the vLLM kernels of the same names
   input=x, scale=float32 x.shape[:-1])`; `w8a8(input=int8 [M, K], weight=int8 [N, K],
   i_scales=[M], w_scales=[N], bias=..., out_dtype=...)`);
 * Deep-Spark/DeepSparkInference @79773330 models/multimodal/diffusion_model/flux.1-dev/xdit/
-  w8a8_linear.py:4, 45-55 (the same two functions; w8a8's sixth positional argument is a
+  w8a8_linear.py:4, 43-57 (the same two functions; w8a8's sixth positional argument is a
   preallocated output of x's dtype, which it also returns) and models/speech/
   speech_synthesis/cosyvoice/igie/cv3-eval/pip3.txt:85 (ixformer 0.7.0+corex.4.5.0);
   models/cv/classification/dinov2/igie/dinov2-patch/export.py:9 ("ixformer flash-attn only
