@@ -36,7 +36,7 @@ class Generation:
 #: torch.gcu's capability major -> generation. vllm-gcu reports capability major + 10
 #: (vllm_gcu/gcu.py:108-109), turns an fp8 KV cache into int8 at 13.0 (gcu.py:259-261) and
 #: supports FP8 from 14.0 (gcu.py:392-397); FlagGems' _enflame maps arch 3 -> "gcu300",
-#: 4 -> "gcu400" (ARCH_MAP, __init__.py:50). S60 is the gcu300 product vllm-gcu's install
+#: 4 -> "gcu400" (ARCH_MAP, __init__.py:48). S60 is the gcu300 product vllm-gcu's install
 #: guide names (installation.md:3); no public source names a gcu400 product.
 GENERATIONS = (
     Generation("gcu300", 3, "S60", fp8=False),

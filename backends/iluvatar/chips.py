@@ -21,7 +21,7 @@ IXFORMER = "ixformer"
 FLAG_GEMS = "flag_gems"
 #: FlagGems' top_k_per_row_prefill collects a row's candidates into a buffer of
 #: next_pow2(max(2 * top_k, 2048)) slots and writes every candidate at or above the threshold
-#: bucket without a bound (top_k_per_row_prefill.py:204, _compact_kernel @ed2508bc): a row
+#: bucket without a bound (top_k_per_row_prefill.py:207, _compact_kernel @ed2508bc): a row
 #: longer than the buffer could overflow it when its values crowd one bucket, so rows are
 #: kept within it.
 TOPK_MIN_CANDIDATES = 2048
