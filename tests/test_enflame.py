@@ -63,7 +63,7 @@ def test_on_this_machine_the_registered_backend_says_torch_gcu_is_missing():
     row = next(r for r in hal.backends() if r.name == "enflame")
     assert (row.available, row.device_type, row.reason) == (False, "gcu", "bridge torch_gcu not installed")
     assert set(row.ops) == {"rms_norm", "silu_and_mul", "apply_rope", "int8_quant", "kv_cache_write",
-                            "fp8_block_gemm"}
+                            "fp8_block_gemm", "moe_route"}
 
 
 @pytest.mark.parametrize("kwargs,expected", [
@@ -194,6 +194,30 @@ def test_kv_cache_write_declines_what_concat_and_cache_mla_cannot_write(gcu):
     slots = torch.tensor([0])
     assert rejection("kv_cache_write", torch.zeros(2, 2, 1), torch.ones(1, 1), slots) == (
         "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2")
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_moe_route_matches_the_reference_with_groups(gcu, with_bias, dtype):
+    g = seeded(9)
+    logits = randn(7, 32, g=g, dtype=dtype)
+    bias = randn(32, g=g, scale=0.1) if with_bias else None
+    args = (logits, bias, 6, 4, 2, 2.5, True, "sigmoid")
+    assert chosen("moe_route", *args) == f"{EMU}.moe_route"
+    weights, ids = hal.ops.moe_route(*args)
+    ref_weights, ref_ids = hal.reference.moe_route(*args)
+    order, ref_order = ids.sort(-1), ref_ids.sort(-1)
+    assert torch.equal(order.values, ref_order.values)
+    torch.testing.assert_close(weights.gather(1, order.indices), ref_weights.gather(1, ref_order.indices))
+    assert gcu.runtime.calls["fused_grouped_topk"] == 1
+
+
+def test_moe_route_declines_groups_of_one_and_underflowing_sigmoid_scores(gcu):
+    assert rejection("moe_route", torch.ones(2, 8), None, 3, 8, 3, 1.0, True, "sigmoid").startswith(
+        "vLLM's grouped_topk scores a group by its best two experts (topk(2)): groups of 1 expert")
+    assert "logits below -80" in rejection("moe_route", torch.full((2, 8), -100.0), None, 2, 1, 1, 1.0, True,
+                                           "sigmoid")
+    assert gcu.runtime.calls["fused_grouped_topk"] == 0
 
 
 def fp8_operands(m: int, n: int, k: int, g: torch.Generator):

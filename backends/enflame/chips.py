@@ -65,7 +65,8 @@ def device_dtypes(gen: Generation) -> frozenset:
 #: adapters decline rather than call a schema that may have changed.
 VLLM_GCU_OPS = Behaviour("vllm_gcu_ops", VLLM_GCU, (
     Era((0, 8, 0), "vLLM's _C / _C_cache_ops schemas (rms_norm, silu_and_mul, rotary_embedding, "
-                   "dynamic_scaled_int8_quant, concat_and_cache_mla) and linear_quant as w8a8_block_fp8_matmul",
+                   "dynamic_scaled_int8_quant, concat_and_cache_mla, fused_grouped_topk as grouped_topk) and "
+                   "linear_quant as w8a8_block_fp8_matmul",
         "EnflameTechnology/vllm-gcu csrc/torch_bindings.cpp @7b5aaca9 (vllm-gcu on vLLM 0.8.0-0.9.2: "
         "vllm_gcu/patch/patch_0_8_0 .. patch_0_9_2)"),
 ), verified_up_to=(0, 9, 2))

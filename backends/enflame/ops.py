@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from glm5_hal.vendor_backend import (Adapter, Verdict, dtype_name, first_reason, host_reads_allowed, rope_angles,
-                                     weight_cast_declined)
+                                     sigmoid_underflow, weight_cast_declined)
 
 if TYPE_CHECKING:
     from . import EnflameBackend
@@ -34,6 +34,9 @@ OP_LIMITS = {
     "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), int64 slots, D >= 2",
     "_C.linear_quant": "fp8_block_gemm on gcu400 (FP8 from vLLM capability 14.0): fp16/bf16 out (vLLM's "
                        "w8a8_block_fp8_matmul layout: per-token-group x 128 x 128 block scales)",
+    "_C.fused_grouped_topk": "moe_route with float32 logits and bias (vLLM 0.9's grouped_topk scores in the "
+                             "logits' dtype); groups of >= 2 experts (its topk(2)); sigmoid scores that underflow "
+                             "declined where the logits are host-readable (it renormalises by a plain sum)",
     "vllm_gcu versions": "op schemas read for vllm-gcu on vLLM 0.8.0-0.9.2 (chips.VLLM_GCU_OPS); others declined",
 }
 
@@ -150,6 +153,40 @@ def kv_cache_write(backend: "EnflameBackend", cache: Tensor, values: Tensor, slo
                                                           slot_mapping.to(_I64).contiguous(), "auto", scale)
 
 
+# -- moe_route ---------------------------------------------------------------------------------------
+def moe_route_supported(backend: "EnflameBackend", logits: Tensor, bias: Tensor | None, top_k: int, n_group: int,
+                        topk_group: int, routed_scaling_factor: float, norm_topk_prob: bool,
+                        score_func: str) -> Verdict:
+    per_group = logits.shape[1] // n_group
+    return first_reason(
+        lambda: _ops_declined(backend),
+        lambda: None if per_group >= 2 else
+        f"vLLM's grouped_topk scores a group by its best two experts (topk(2)): groups of {per_group} expert are "
+        "not handled",
+        lambda: sigmoid_underflow(logits, "fused_grouped_topk")
+        if norm_topk_prob and score_func == "sigmoid" else None)
+
+
+def moe_route(backend: "EnflameBackend", logits: Tensor, bias: Tensor | None, top_k: int, n_group: int,
+              topk_group: int, routed_scaling_factor: float, norm_topk_prob: bool,
+              score_func: str) -> tuple[Tensor, Tensor]:
+    tokens, experts = logits.shape
+    weights = torch.empty((tokens, top_k), dtype=_F32, device=logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
+    if tokens == 0:
+        return weights, ids
+    # float32 in: vLLM 0.9's grouped_topk (whose call vllm-gcu's op replaces) scores in the logits'
+    # dtype, and a bf16 router would round the weights; the schema's bias is not optional, and a
+    # zero bias is the contract's no-bias routing (a group's best two scores, unbiased weights)
+    correction = bias.to(_F32).contiguous() if bias is not None else torch.zeros(experts, dtype=_F32,
+                                                                                  device=logits.device)
+    backend.runtime.ops._C.fused_grouped_topk(weights, ids, logits.to(_F32).contiguous(), top_k, norm_topk_prob,
+                                              n_group, topk_group, correction, score_func)
+    if routed_scaling_factor != 1.0:   # vLLM applies it outside grouped_topk
+        weights.mul_(routed_scaling_factor)
+    return weights, ids
+
+
 # -- fp8_block_gemm ---------------------------------------------------------------------------------
 def fp8_block_gemm_supported(backend: "EnflameBackend", a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor,
                              out_dtype: torch.dtype) -> Verdict:
@@ -180,5 +217,6 @@ ADAPTERS = (
     Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
     Adapter("int8_quant", int8_quant, dtypes=FLOATS, supports=int8_quant_supported),
     Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported),
+    Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
     Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_block_gemm_supported),
 )

@@ -15,7 +15,17 @@ registers, never from glm5_hal.reference:
   dynamic_scaled_int8_quant(Tensor! output, Tensor input, Tensor! scales, Tensor azp),
   _C_cache_ops.concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor
   slot_mapping, str kv_cache_dtype, Tensor scale), linear_quant(Tensor! out, Tensor lhs, Tensor
-  rhs, Tensor? bias, Tensor lhs_scale, Tensor rhs_scale));
+  rhs, Tensor? bias, Tensor lhs_scale, Tensor rhs_scale), fused_grouped_topk(Tensor! topk_weights,
+  Tensor! topk_ids, Tensor gating_output, int topk, bool renormalize, int num_expert_group, int
+  topk_group, Tensor e_score_correction_bias, str scoring_func));
+* vllm_gcu/kernels/fused_moe.py:234-268: fused_grouped_topk replaces vLLM's grouped_topk (same
+  arguments, float32 weights, int32 ids), so its semantics are those of vLLM's grouped_topk of that
+  signature (vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_moe.py @000d1458):
+  scores = softmax or sigmoid of the gating output in its own dtype; with a correction bias a
+  group's score is the sum of its best two biased scores (topk(2): a group of one expert is an
+  error), the topk_group best groups are kept (others -inf), the top-k biased scores pick the
+  ids (sorted=False), the weights are the unbiased scores of those ids, divided by their plain
+  sum when renormalize;
 * vllm_gcu/kernels/_custom_ops.py:564-579: linear_quant is what vllm-gcu's w8a8_block_fp8_matmul(A,
   B, As, Bs, block_size, output_dtype=float16) calls, so its layout is that function's in vLLM
   0.9.2 (vllm/model_executor/layers/quantization/utils/fp8_utils.py): A [M, K] and B [N, K] fp8,
@@ -184,6 +194,41 @@ class _COps:
         codes = torch.where(absmax == 0, -128.0, codes)  # 0 * inf: not specified (see the module docstring)
         output.view(tokens, hidden).copy_(codes.to(torch.int8))
         scales.view(tokens, 1).copy_(scale)
+
+    def fused_grouped_topk(self, topk_weights: Tensor, topk_ids: Tensor, gating_output: Tensor, topk: int,
+                           renormalize: bool, num_expert_group: int, topk_group: int,
+                           e_score_correction_bias: Tensor, scoring_func: str) -> None:
+        op = "torch.ops._C.fused_grouped_topk"
+        self._emulator.calls["fused_grouped_topk"] += 1
+        tokens, experts = gating_output.shape
+        _require(topk_weights.dtype == torch.float32 and tuple(topk_weights.shape) == (tokens, topk), op,
+                 f"topk_weights must be float32 [{tokens}, {topk}]")
+        _require(topk_ids.dtype == torch.int32 and tuple(topk_ids.shape) == (tokens, topk), op,
+                 f"topk_ids must be int32 [{tokens}, {topk}]")
+        _require(e_score_correction_bias is not None and tuple(e_score_correction_bias.shape) == (experts,), op,
+                 f"e_score_correction_bias is a Tensor [{experts}] (not optional in the schema)")
+        _require(experts % num_expert_group == 0, op, "num_expert_group must divide the experts")
+        if scoring_func == "softmax":
+            scores = torch.softmax(gating_output, dim=-1)
+        elif scoring_func == "sigmoid":
+            scores = gating_output.sigmoid()
+        else:
+            raise GcuOpError(f"{op}: Unsupported scoring function: {scoring_func}")
+        per_group = experts // num_expert_group
+        _require(per_group >= 2, op, "a group's score is topk(2) of its experts: groups need two")
+        original = scores
+        scores = scores + e_score_correction_bias.unsqueeze(0)
+        group_scores = scores.view(tokens, num_expert_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(tokens, num_expert_group, per_group).reshape(tokens, -1)
+        masked = scores.masked_fill(~score_mask.bool(), float("-inf"))
+        ids = torch.topk(masked, k=topk, dim=-1, sorted=False)[1]
+        weights = original.gather(1, ids)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        topk_weights.copy_(weights.to(torch.float32))
+        topk_ids.copy_(ids.to(torch.int32))
 
     def linear_quant(self, out: Tensor, lhs: Tensor, rhs: Tensor, bias: Tensor | None, lhs_scale: Tensor,
                      rhs_scale: Tensor) -> None:
