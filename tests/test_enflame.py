@@ -291,3 +291,15 @@ def test_no_cuda_type_backend_takes_a_gcu_whose_torch_cuda_was_patched():
 def test_process_groups_on_gcu_use_eccl():
     from glm5_hal.dist.group import backend_for_device
     assert backend_for_device("gcu") == "eccl"    # the vendor table: gcu is Enflame's alone
+
+
+def test_a_torch_gcu_without_its_libraries_is_named_not_a_crash(tmp_path, monkeypatch):
+    (tmp_path / "torch_gcu").mkdir()
+    (tmp_path / "torch_gcu" / "__init__.py").write_text(
+        "raise ImportError('libexample.so.2: cannot open shared object file: No such file or directory')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_gcu", raising=False)
+    reason = EnflameBackend().availability().reason
+    assert reason.startswith("runtime library missing: libexample.so.2 (torch_gcu is installed, but the vendor "
+                             "runtime is not on the library path")
+    sys.modules.pop("torch_gcu", None)

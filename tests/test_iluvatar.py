@@ -6,6 +6,7 @@ versioned behaviours, and every vendor adapter run end to end against the CoreX 
 name the reason and never reach the vendor function."""
 from __future__ import annotations
 
+import sys
 import types
 
 import pytest
@@ -312,3 +313,46 @@ def test_doctor_knows_the_corex_stack():
     text = format_report(report)
     assert "stack: iluvatar" in text
     assert "ixsmi found" in text and "CUDA_VISIBLE_DEVICES=0,1" in text
+
+
+def test_the_nvidia_backend_refuses_a_corex_torch():
+    from glm5_hal.backends.cuda import CudaBackend
+    corex_torch = IluvatarEmulator().torch            # torch.corex set, torch.version.cuda "10.2"
+    backend = CudaBackend(runtime=types.SimpleNamespace(EMULATOR=True, torch=corex_torch, package_versions=lambda: {}),
+                          name="cuda_probe", device_type="cpu")
+    assert backend.availability().reason == ("this torch is an Iluvatar CoreX build (torch '+corex'): its `cuda` "
+                                             "device is not NVIDIA's")
+
+
+@pytest.fixture
+def fake_ixformer(tmp_path, monkeypatch):
+    """Installs a package `ixformer` whose inference.functions module runs `body` on import."""
+    def install(body: str) -> None:
+        functions = tmp_path / "ixformer" / "inference"
+        functions.mkdir(parents=True)
+        (tmp_path / "ixformer" / "__init__.py").write_text("")
+        (functions / "__init__.py").write_text("")
+        (functions / "functions.py").write_text(body)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("ixformer", "ixformer.inference", "ixformer.inference.functions"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    yield install
+    for name in ("ixformer", "ixformer.inference", "ixformer.inference.functions"):
+        sys.modules.pop(name, None)
+
+
+def test_ixformer_without_the_corex_libraries_is_a_reason_not_a_crash(fake_ixformer):
+    runtime = IluvatarRuntime(torch)
+    assert runtime.ixformer is None
+    assert runtime.ixformer_missing == "ixformer not installed (Iluvatar's op library, from the CoreX SDK)"
+    fake_ixformer("raise ImportError('libexample.so.1: cannot open shared object file: No such file or directory')\n")
+    runtime = IluvatarRuntime(torch)
+    assert runtime.ixformer is None
+    assert runtime.ixformer_missing.startswith("runtime library missing: libexample.so.1 (ixformer is installed, but "
+                                               "the CoreX runtime is not on the library path")
+
+
+def test_ixformer_failing_otherwise_says_how(fake_ixformer):
+    fake_ixformer("raise RuntimeError('no device')\n")
+    assert IluvatarRuntime(torch).ixformer_missing == (
+        "importing ixformer.inference.functions failed: RuntimeError: no device")

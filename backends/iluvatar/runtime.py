@@ -21,6 +21,7 @@ implements the same surface on CPU tensors:
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -37,12 +38,22 @@ FLAG_GEMS_FUSED = "flag_gems.runtime.backend._iluvatar.fused"
 FLAG_GEMS_GENERIC = "flag_gems.fused"
 
 
+_MISSING_LIBRARY = re.compile(r"(lib[\w.+-]*\.so[\w.]*)")
+
+
 def _load(module: str, package: str, what: str) -> tuple[Any, str]:
     if not installed(package):
         return None, f"{package} not installed ({what})"
     try:
         return importlib.import_module(module), ""
     except Exception as exc:  # a closed native package without its CoreX libraries
+        library = _MISSING_LIBRARY.search(str(exc))
+        if library and "cannot open shared object" in str(exc):
+            # the vendor's run scripts put the SDK's libraries on the path themselves
+            # (DeepSparkInference bevformer/igie/adapt/run_igie.sh: /opt/sw_home/local/corex/lib64)
+            return None, (f"runtime library missing: {library.group(1)} ({package} is installed, but the CoreX "
+                          "runtime is not on the library path; add the SDK's lib64, e.g. /usr/local/corex/lib64, "
+                          "to LD_LIBRARY_PATH)")
         return None, f"importing {module} failed: {type(exc).__name__}: {exc}"
 
 
