@@ -190,6 +190,15 @@ def test_kv_cache_write_matches_the_reference_and_skips_padded_slots(gcu, dtype)
     assert gcu.runtime.calls["concat_and_cache_mla"] == 1
 
 
+def test_kv_cache_write_declines_a_block_strided_page_view(gcu):
+    # a serving engine's page view: each block's rows contiguous, the blocks 13 elements apart
+    block_strided = torch.zeros(3, 13)[:, :8].view(3, 2, 4)
+    assert not block_strided.is_contiguous()
+    verdict = gcu.impls["kv_cache_write"].supports(block_strided, torch.ones(1, 4), torch.tensor([0]))
+    assert verdict == ("concat_and_cache_mla is called with contiguous caches by vllm-gcu; whether topsvllm honours a "
+                       "block-strided page view is not public")
+
+
 def test_kv_cache_write_declines_what_concat_and_cache_mla_cannot_write(gcu):
     slots = torch.tensor([0])
     assert rejection("kv_cache_write", torch.zeros(2, 2, 1), torch.ones(1, 1), slots) == (

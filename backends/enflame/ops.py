@@ -31,7 +31,8 @@ OP_LIMITS = {
     "_C.rotary_embedding": "in place on a float32 copy with a float32 cos_sin_cache; both pair layouts",
     "_C.dynamic_scaled_int8_quant": "symmetric per token (azp None); rows of zeros fixed to the contract's 0 codes; "
                                     "rows whose 127 / absmax overflows declined (checked where x is host-readable)",
-    "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), int64 slots, D >= 2",
+    "_C_cache_ops.concat_and_cache_mla": "kv_cache_dtype 'auto' (cache dtype = values dtype), int64 slots, D >= 2, "
+                                         "contiguous cache (no block-strided page views)",
     "_C.linear_quant": "fp8_block_gemm on gcu400 (FP8 from vLLM capability 14.0): fp16/bf16 out (vLLM's "
                        "w8a8_block_fp8_matmul layout: per-token-group x 128 x 128 block scales)",
     "_C.fused_grouped_topk": "moe_route with float32 logits and bias (vLLM 0.9's grouped_topk scores in the "
@@ -134,11 +135,16 @@ def int8_quant(backend: "EnflameBackend", x: Tensor) -> tuple[Tensor, Tensor]:
 # -- kv_cache_write ---------------------------------------------------------------------------------
 def kv_cache_write_supported(backend: "EnflameBackend", cache: Tensor, values: Tensor,
                              slot_mapping: Tensor) -> Verdict:
-    # the contract already gives a contiguous [blocks, block_size, D] cache of the values' dtype,
-    # which is what kv_cache_dtype "auto" stores
+    # the contract gives a [blocks, block_size, D] cache of the values' dtype, which is what
+    # kv_cache_dtype "auto" stores; it may be a block-strided page view (paged caches), which
+    # vLLM's kernel of this schema honours (block and entry strides) but whether topsvllm's does
+    # is not public
     return first_reason(
         lambda: _ops_declined(backend),
-        lambda: None if cache.shape[-1] >= 2 else "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2")
+        lambda: None if cache.shape[-1] >= 2 else "concat_and_cache_mla splits a row into kv_c and k_pe: D >= 2",
+        lambda: None if cache.is_contiguous() else
+        "concat_and_cache_mla is called with contiguous caches by vllm-gcu; whether topsvllm honours a block-strided "
+        "page view is not public")
 
 
 def kv_cache_write(backend: "EnflameBackend", cache: Tensor, values: Tensor, slot_mapping: Tensor) -> None:
