@@ -1,9 +1,9 @@
-"""No device synchronisation in the musa, dcu, cambricon and kunlun adapters: every adapter,
+"""No device synchronisation in the musa, dcu, cambricon, kunlun, iluvatar and enflame adapters: every adapter,
 through dispatch, on every conformance case (tiny preset) it serves, on emulated device
 tensors (tests/no_sync.py), makes zero host reads per call.
 
 The emulators play the device (`device_runtime`), and so do stand-ins of the backends' own
-kernel libraries, which are not built here: the CUDA-dialect library (musa, dcu) is replaced
+kernel libraries, which are not built here: the CUDA-dialect library (musa, dcu, iluvatar) is replaced
 whole, so its launchers are not under test here; the cambricon / kunlun decode kernel keeps
 glm5_hal's own launcher (glm5_hal.kernel_library) and only its C entry point is device code.
 Each call is made once before it is watched: one-time work (the dcu backend's torch._grouped_mm
@@ -24,6 +24,8 @@ import glm5_hal as hal
 from glm5_hal import reference as ref
 from glm5_hal.backends.cambricon import CambriconBackend
 from glm5_hal.backends.dcu import DcuBackend
+from glm5_hal.backends.enflame import EnflameBackend
+from glm5_hal.backends.iluvatar import IluvatarBackend
 from glm5_hal.backends._cuda_dialect import GpuKernelLibrary
 from glm5_hal.backends.kunlun import KunlunBackend
 from glm5_hal.backends.musa import MusaBackend
@@ -31,6 +33,8 @@ from glm5_hal.conformance import cases as conformance_cases
 from glm5_hal.conformance.case import RESULT, RESULT_OR_ERROR, View
 from emulators.cambricon import MluEmulator
 from emulators.dcu import DcuEmulator
+from emulators.enflame import GcuEmulator
+from emulators.iluvatar import IluvatarEmulator
 from emulators.kunlun import KvGatherKernelStandIn, XpuEmulator
 from emulators.musa import MusaEmulator
 from emulators.sparse_decode import SparseDecodeKernelStandIn
@@ -107,6 +111,12 @@ CONFIGS = {
                                                  **where()),
     "cambricon cap6": lambda: CambriconBackend(runtime=device_runtime(MluEmulator("cap6")),
                                                kernel_library=decode_library(SparseDecodeKernelStandIn()), **where()),
+    "iluvatar BI-V150": lambda: IluvatarBackend(runtime=device_runtime(IluvatarEmulator("BI-V150")),
+                                                kernel_library=device_runtime(GpuKernelsStandIn()), **where()),
+    # no kernels: the FlagGems top-k route of the indexer is the one taken
+    "iluvatar BI-V150 no kernels": lambda: IluvatarBackend(runtime=device_runtime(IluvatarEmulator("BI-V150")),
+                                                           **where()),
+    "enflame gcu400": lambda: EnflameBackend(runtime=device_runtime(GcuEmulator("gcu400")), **where()),
     "kunlun P800": lambda: KunlunBackend(runtime=device_runtime(XpuEmulator("P800")),
                                          kernel_library=decode_library(XpuKernelsStandIn()), **where()),
 }
@@ -117,6 +127,8 @@ DECLINED_EVERYWHERE = {
     "musa S4000": {"grouped_gemm", "fp8_block_gemm", "fp8_grouped_gemm"},    # mate's GEMMs: mp_31 only
     "dcu lightop 0.5": {"sparse_mla_attention", "sparse_mla_decode_paged", "kv_cache_write", "moe_permute",
                         "moe_unpermute"},                                     # kernel-only ops, no kernels
+    "iluvatar BI-V150 no kernels": {"sparse_mla_attention", "sparse_mla_decode_paged", "kv_cache_write",
+                                    "moe_permute", "moe_unpermute"},                      # kernel-only ops
     "cambricon MLU590": {"indexer_k_cache_write", "fp8_block_gemm", "fp8_grouped_gemm"},   # no FP8 declared
     "cambricon cap6": {"fp8_grouped_gemm"},              # per-block FP8 needs N % 128 == 0: no tiny case has it
 }

@@ -36,6 +36,7 @@ _OTHER_STACKS = {
     "dcu": "Hygon's DCU build (torch.__hcu_version__ is set): the dcu backend serves it",
     "kunlun": "a Kunlunxin stack (torch_xmlir is installed): the kunlun backend serves its `cuda` device",
     "iluvatar": "an Iluvatar CoreX build (torch '+corex'): its `cuda` device is not NVIDIA's",
+    "enflame": "an Enflame GCU stack (torch.gcu is set; torch_gcu's transfer_to_gcu makes torch.cuda answer for GCUs)",
 }
 
 

@@ -37,6 +37,7 @@ from .runtime import DcuRuntime
 _OTHER_STACKS = {
     "iluvatar": "an Iluvatar CoreX stack (torch '+corex' build)",
     "kunlun": "a Kunlunxin stack (torch_xmlir is installed)",
+    "enflame": "an Enflame GCU stack (torch.gcu is set)",
 }
 
 

@@ -30,6 +30,8 @@ info = {"version": torch.__version__, "cuda": torch.version.cuda,
         "cxx11_abi": torch.compiled_with_cxx11_abi(), "threads": torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+from glm5_hal.vendors import identify
+info["stack"] = identify(torch)  # which vendor a `cuda` device is: torch.corex, torch.gcu, ...
 try:
     acc = torch.accelerator.current_accelerator()
     info["accelerator"] = str(acc) if acc is not None else None
@@ -130,6 +132,8 @@ def diagnose() -> dict:
             "toolchain_root": root,
             "compiler": shutil.which(v.compiler),
             "device_tool": shutil.which(v.smi),
+            "smi": v.smi,
+            "visible_devices": {v.visible_devices: os.environ.get(v.visible_devices)},
             "dist_backend": v.dist_backend,
         }
     report["vendors"] = vendors
@@ -172,6 +176,7 @@ def format_report(report: dict) -> str:
         line += f" (CUDA {torch_info['cuda']})" if torch_info.get("cuda") else ""
         line += f" (HIP {torch_info['hip']})" if torch_info.get("hip") else ""
         line += f", accelerator: {torch_info.get('accelerator')}"
+        line += f", stack: {torch_info['stack']}" if torch_info.get("stack") else ""
         if torch_info.get("imports_with"):
             line += f"  [imports only with {torch_info['imports_with']}]"
         out.append(line)
@@ -185,12 +190,13 @@ def format_report(report: dict) -> str:
                                   f"tensors read through the {native.get('tensor_reading') or 'nothing'})"
                                  if "error" not in native else f"glm5_hal._C missing: {native['error']}"))
     out.append("")
-    out.append(f"{'vendor':<10} {'bridge':<22} {'toolchain':<28} {'device tool':<14} dist")
+    out.append(f"{'vendor':<10} {'bridge':<22} {'toolchain':<28} {'device tool':<22} {'dist':<6} visible devices")
     for name, v in report["vendors"].items():
         bridge = v["bridge"] or "(torch build)"
         bridge += " installed" if v["bridge"] and v["bridge_installed"] else (" missing" if v["bridge"] else "")
         out.append(f"{name:<10} {bridge:<22} {(v['toolchain_root'] or 'not found'):<28} "
-                   f"{('found' if v['device_tool'] else 'not found'):<14} {v['dist_backend']}")
+                   f"{v['smi'] + (' found' if v['device_tool'] else ' not found'):<22} {v['dist_backend']:<6} "
+                   + " ".join(f"{k}={'(unset)' if val is None else val}" for k, val in v["visible_devices"].items()))
     tc = report["toolchains"]
     out.append(f"{'cuda':<10} {'(torch build)':<22} {(tc['cuda'] or ('nvcc on PATH' if tc['nvcc'] else 'not found')):<28}")
     out.append("")

@@ -49,9 +49,10 @@ VENDORS: dict[str, Vendor] = {v.backend: v for v in (
            ("XTDK_PATH", "XRE_PATH"), "clang++", "xpu-smi", "XPU_VISIBLE_DEVICES",
            # xpytorch runs in CUDA-compatible mode with BKCL behind the "nccl" name
            unconfirmed=("bridge", "toolchain_env", "compiler")),
-    Vendor("iluvatar", "Iluvatar CoreX BI-V100, BI-V150", None, "cuda", "nccl",
+    Vendor("iluvatar", "Iluvatar CoreX MR-V100, BI-V150", None, "cuda", "nccl",
            ("COREX_HOME",), "clang++", "ixsmi", "CUDA_VISIBLE_DEVICES",
-           unconfirmed=("dist_backend",)),
+           # COREX_HOME: no public source names the variable (the SDK sits in /usr/local/corex)
+           unconfirmed=("dist_backend", "toolchain_env")),
     Vendor("enflame", "Enflame GCU S60 (gcu300), gcu400", "torch_gcu", "gcu", "eccl",
            ("TOPS_HOME",), "topscc", "efsmi", "TOPS_VISIBLE_DEVICES",
            unconfirmed=("toolchain_env",)),
@@ -108,6 +109,30 @@ SOURCES: dict[str, dict[str, str]] = {
         "visible_devices": "baidu/vLLM-Kunlun main (09869ee) docs/source/tutorials/multi_xpu_GLM-5-W8A8-INT8.md:51 "
                            "(export XPU_VISIBLE_DEVICES=...)",
     },
+    "iluvatar": {
+        "bridge": "flagos-ai/FlagGems src/flag_gems/runtime/backend/_iluvatar/__init__.py @ed2508bc "
+                  "(device_name=\"cuda\": CoreX ships a vendor build of torch itself, wheels '+corex')",
+        "device_type": "flagos-ai/FlagGems src/flag_gems/runtime/backend/_iluvatar/__init__.py @ed2508bc "
+                       "(VendorDescriptor(device_name=\"cuda\"))",
+        "compiler": "Deep-Spark/DeepSparkInference models/cv/instance_segmentation/mask_rcnn/ixrt/scripts/init.sh "
+                    "@79773330 (/usr/local/corex/bin/clang++) and plugins/CMakeLists.txt:48 "
+                    "(--cuda-gpu-arch=ivcore11, .cu compiled as CXX)",
+        "smi": "flagos-ai/FlagGems src/flag_gems/runtime/backend/_iluvatar/__init__.py @ed2508bc "
+               "(device_query_cmd=\"ixsmi\")",
+        "visible_devices": "Deep-Spark/DeepSparkInference @79773330 (the CUDA_VISIBLE_DEVICES of its run scripts)",
+    },
+    "enflame": {
+        "bridge": "EnflameTechnology/vllm-gcu vllm_gcu/gcu.py:161-162 @7b5aaca9 (import torch_gcu, "
+                  "torch_gcu.transfer_to_gcu)",
+        "device_type": "EnflameTechnology/vllm-gcu vllm_gcu/gcu.py:48-49 @7b5aaca9 (device_type = \"gcu\", "
+                       "dispatch_key = \"PrivateUse1\")",
+        "dist_backend": "EnflameTechnology/vllm-gcu vllm_gcu/worker/worker.py:238 @7b5aaca9 (backend=\"eccl\"); "
+                        "vllm_gcu/distributed/utils.py:50-53 (torch_gcu._C._distributed_c10d.ProcessGroupECCL)",
+        "compiler": "EnflameTechnology/vllm-gcu setup.py:325-338 @7b5aaca9 (TopsTorchExtension, \"topscc\" flags)",
+        "smi": "EnflameTechnology/vllm-gcu docs/source/installation.md:29 @7b5aaca9 (`efsmi` validates the install)",
+        "visible_devices": "EnflameTechnology/vllm-gcu vllm_gcu/gcu.py:51 @7b5aaca9 "
+                           "(device_control_env_var = \"TOPS_VISIBLE_DEVICES\")",
+    },
 }
 
 def installed(module: str) -> bool:
@@ -119,12 +144,17 @@ def installed(module: str) -> bool:
 
 
 def cuda_flavor(torch: Any) -> str:
-    """Which stack a `cuda` device of this torch build really is: "dcu", "iluvatar",
+    """Which stack a `cuda` device of this torch build really is: "enflame", "dcu", "iluvatar",
     "kunlun", "rocm" (AMD), "cuda" (NVIDIA) or "none" (no CUDA-type stack at all).
     Uses only attributes and installed modules; never initialises a device."""
+    if hasattr(torch, "gcu"):
+        # torch_gcu's transfer_to_gcu makes torch.cuda answer for GCUs (vllm-gcu's platform
+        # imports it: vllm_gcu/gcu.py:161-162 @7b5aaca9)
+        return "enflame"
     if hasattr(torch, "__hcu_version__"):
         return "dcu"
-    if getattr(torch, "corex", False) is True or "+corex" in getattr(torch, "__version__", ""):
+    # FlagGems keys on the attribute (runtime/common.py _VENDOR_TORCH_ATTR, hasattr(torch, "corex"))
+    if hasattr(torch, "corex") or "+corex" in str(getattr(torch, "__version__", "")):
         return "iluvatar"
     if installed("torch_xmlir"):
         return "kunlun"

@@ -45,6 +45,18 @@ def _kunlun(chip: str):
     return KunlunBackend(runtime=XpuEmulator(chip), name="kunlun_emu", device_type="cpu", priority=1000)
 
 
+def _iluvatar(card: str):
+    from glm5_hal.backends.iluvatar import IluvatarBackend
+    from .iluvatar import IluvatarEmulator
+    return IluvatarBackend(runtime=IluvatarEmulator(card), name="iluvatar_emu", device_type="cpu", priority=1000)
+
+
+def _enflame(chip: str):
+    from glm5_hal.backends.enflame import EnflameBackend
+    from .enflame import GcuEmulator
+    return EnflameBackend(runtime=GcuEmulator(chip), name="enflame_emu", device_type="cpu", priority=1000)
+
+
 class Lab:
     """A plugin object (pluggy takes any object with the hook) registering one emulated chip."""
 
@@ -71,6 +83,8 @@ LABS = {lab.key: lab for lab in (
     Lab("cambricon-MLU370", _cambricon, "MLU370"), Lab("cambricon-MLU590", _cambricon, "MLU590"),
     Lab("cambricon-cap6", _cambricon, "cap6"),
     Lab("kunlun-P800", _kunlun, "P800"),
+    Lab("iluvatar-BI-V150", _iluvatar, "BI-V150"),
+    Lab("enflame-gcu400", _enflame, "gcu400"),
 )}
 
 # the entry-point targets: `emulators.labs:<attribute>`

@@ -1,0 +1,295 @@
+"""Adapters from glm5_hal's canonical ops to what an Iluvatar CoreX machine offers: ixformer
+(Iluvatar's closed op library), FlagGems' Iluvatar kernels, torch's own CoreX kernels and the
+backend's own kernels (the shared CUDA-dialect sources built by CoreX's clang++).
+
+Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which every
+IluvatarBackend instance binds to itself; it reaches the vendor through `backend.runtime`
+(IluvatarRuntime over the real modules, or the emulator in tests). Inputs arrive validated by
+glm5_hal.ops; an adapter converts layouts and index conventions, calls the vendor function
+and returns exactly the canonical outputs. Each `supports()` returns a reason when the call
+is outside what the vendor function takes (dtype, a missing package, an unverified version,
+kernels not built), so dispatch moves on. No adapter reads device data on the host.
+
+Declined by design, with the source: FlagGems' Iluvatar sparse attention
+(`_iluvatar/fused/sparse_attention.py` sparse_attn_triton @ed2508bc) returns no log-sum-exp and
+clamps an index of -1 to row 0 without masking it (`safe_idxs = tl.maximum(idxs, 0)`; only slots
+past topk are masked), so it cannot serve sparse_mla_attention's contract; the CoreX kernel does.
+README.md has the table.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from glm5_hal.backends._cuda_dialect import WORKSPACE_BUDGET_BYTES
+from glm5_hal.backends._cuda_dialect import adapters as gpu
+from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, host_reads_allowed
+
+from . import chips
+
+if TYPE_CHECKING:
+    from . import IluvatarBackend
+
+_F32, _F16, _BF16, _I32, _I64, _I8 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8
+FLOATS = (_F32, _F16, _BF16)
+HALVES = (_F16, _BF16)
+
+#: The vendor constraints the adapters check, as reported in capabilities().limits.
+OP_LIMITS = {
+    "ixformer rms_norm": "fp16/bf16 (what its public callers pass), weight in x's dtype",
+    "ixformer dynamic_scaled_int8_quant": "fp16/bf16 activations; rows of zeros fixed to the contract's 0 codes; rows "
+                                          "whose 127 / absmax overflows declined (checked where x is host-readable)",
+    "ixformer w8a8": "fp16/bf16 out, no float32 bias (it takes the model dtype's); ixformer 0.7.x call form",
+    "flag_gems top_k_per_row_prefill": "float32 logits; rows no longer than its candidate buffer "
+                                       f"(next_pow2(max(2 * topk, {chips.TOPK_MIN_CANDIDATES}))); tail slots sanitised",
+    "flag_gems sparse_attn_triton": "not used: no lse, index -1 read as row 0",
+    "flag_gems silu_and_mul": "f32/f16/bf16 (FlagGems' fused Triton kernel) when the CoreX kernel is not built",
+    **gpu.KERNEL_LIMITS,
+}
+
+
+def _ixformer_declined(backend: "IluvatarBackend") -> str | None:
+    runtime = backend.runtime
+    return runtime.ixformer_missing if runtime.ixformer is None else None
+
+
+# -- ixformer: rms_norm, int8_quant, int8_gemm ------------------------------------------------------
+def rms_norm_supported(backend: "IluvatarBackend", x: Tensor, weight: Tensor, eps: float) -> Verdict:
+    return first_reason(
+        lambda: _ixformer_declined(backend),
+        lambda: None if weight.dtype == x.dtype else
+        f"ixformer's rms_norm takes the weight in x's dtype; casting the {dtype_name(weight.dtype)} weight to "
+        f"{dtype_name(x.dtype)} would round it")
+
+
+def rms_norm(backend: "IluvatarBackend", x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return backend.runtime.ixformer.rms_norm(rows, weight.contiguous(), float(eps)).view(x.shape)
+
+
+#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
+#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
+SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
+
+
+def reciprocal_overflow(x: Tensor, kernel: str) -> str | None:
+    """The reason to decline a quantization whose 127 / absmax overflows (a nonzero row below
+    SCALE_OVERFLOW_ABSMAX). A data check: on a device it runs only under GLM5_HAL_CHECKS=full
+    (reading x would synchronise), so there such rows reach the kernel unseen by default."""
+    if not x.numel() or not host_reads_allowed(x):
+        return None
+    absmax = x.detach().float().abs().amax(-1)
+    if bool(((absmax > 0) & (absmax < SCALE_OVERFLOW_ABSMAX)).any()):
+        return (f"a row's absmax is below {SCALE_OVERFLOW_ABSMAX:.3g}: {kernel} multiplies by 127 / absmax (vLLM's "
+                "formula), which overflows to inf and saturates every code")
+    return None
+
+
+def int8_quant_supported(backend: "IluvatarBackend", x: Tensor) -> Verdict:
+    return first_reason(lambda: _ixformer_declined(backend),
+                        lambda: reciprocal_overflow(x, "ixformer's dynamic_scaled_int8_quant"))
+
+
+def int8_quant(backend: "IluvatarBackend", x: Tensor) -> tuple[Tensor, Tensor]:
+    codes = torch.empty(x.shape, dtype=_I8, device=x.device)
+    scale = torch.empty(x.shape[:-1], dtype=_F32, device=x.device)
+    if x.numel() == 0:
+        return codes, scale
+    backend.runtime.ixformer.dynamic_scaled_int8_quant(output=codes, input=x.contiguous(), scale=scale)
+    # a row of zeros divides by a zero scale (unspecified codes); the contract gives it 0 codes
+    return torch.where((scale == 0).unsqueeze(-1), 0, codes).to(_I8), scale
+
+
+def int8_gemm_supported(backend: "IluvatarBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+                        out_dtype: torch.dtype, bias: Tensor | None) -> Verdict:
+    return first_reason(
+        lambda: _ixformer_declined(backend),
+        lambda: backend.unverified("ixformer_w8a8"),
+        lambda: None if out_dtype in HALVES else
+        f"ixformer's w8a8 writes fp16/bf16 outputs (its callers' model dtype), not {dtype_name(out_dtype)}",
+        lambda: None if bias is None else
+        "ixformer's w8a8 takes its bias in the output dtype: the float32 bias would round before it is added")
+
+
+def int8_gemm(backend: "IluvatarBackend", x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor,
+              out_dtype: torch.dtype, bias: Tensor | None) -> Tensor:
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    if x.shape[1] == 0:
+        return out.zero_()
+    backend.runtime.ixformer.w8a8(x.contiguous(), w.contiguous(), x_scale.contiguous(), w_scale.contiguous(),
+                                  None, out)
+    return out
+
+
+# -- silu_and_mul: CoreX kernel, else FlagGems' fused kernel ----------------------------------------
+def _silu_route(backend: "IluvatarBackend") -> tuple[str | None, str]:
+    kernel = backend.kernels.missing()
+    if kernel is None:
+        return "kernel", ""
+    runtime = backend.runtime
+    gems = (runtime.flag_gems_silu_missing if runtime.silu_and_mul is None else None) or \
+        backend.unverified("flag_gems_silu_and_mul")
+    return ("flag_gems", "") if gems is None else (None, f"{kernel}; {gems}")
+
+
+def silu_and_mul_supported(backend: "IluvatarBackend", x: Tensor) -> Verdict:
+    path, reason = _silu_route(backend)
+    return True if path else reason
+
+
+def silu_and_mul(backend: "IluvatarBackend", x: Tensor) -> Tensor:
+    path, _ = _silu_route(backend)
+    if path == "kernel":
+        return gpu.silu_and_mul(backend, x)
+    half = x.shape[-1] // 2
+    if x.numel() == 0:
+        return x.new_empty((*x.shape[:-1], half))
+    return backend.runtime.silu_and_mul(x[..., :half], x[..., half:])
+
+
+# -- indexer: CoreX kernel, else torch logits + FlagGems' per-row top-k ------------------------------
+def _dequantized(k: Any) -> Tensor:
+    if isinstance(k, (tuple, list)):
+        return k[0].float() * k[1].float().unsqueeze(-1)
+    return k.float()
+
+
+def sanitise_topk(indices: Tensor, lengths: Tensor) -> Tensor:
+    """Keeps slot j of row r only if j < lengths[r] and 0 <= indices[r, j] < lengths[r]; -1
+    elsewhere: FlagGems' kernel leaves index 0 (its zeroed candidate buffer) in the slots past
+    a short row, where the contract has -1."""
+    slot = torch.arange(indices.shape[-1], device=indices.device)
+    length = lengths.to(_I64).unsqueeze(-1)
+    keep = (slot < length) & (indices >= 0) & (indices < length)
+    return torch.where(keep, indices, -1).to(_I32)
+
+
+def _gems_topk(backend: "IluvatarBackend", logits: Tensor, starts: Tensor, ends: Tensor, topk: int) -> Tensor:
+    """Top-k positions (relative to each row's start) of logits [rows, S] over [starts, ends)."""
+    rows = logits.shape[0]
+    indices = torch.full((rows, topk), -1, dtype=_I32, device=logits.device)
+    logits = logits.contiguous()
+    starts, ends = starts.to(_I32).contiguous(), ends.to(_I32).contiguous()
+    backend.runtime.top_k_per_row_prefill(logits, starts, ends, indices, rows, logits.stride(0), logits.stride(1),
+                                          topk)
+    return sanitise_topk(indices, (ends - starts).clamp_(min=0))
+
+
+def _gems_declined(backend: "IluvatarBackend", span: int, topk: int) -> str | None:
+    runtime = backend.runtime
+    if runtime.top_k_per_row_prefill is None:
+        return runtime.flag_gems_missing
+    slots = chips.topk_candidate_slots(topk)
+    if span > slots:
+        return (f"FlagGems' top_k_per_row_prefill writes a row's candidates into {slots} slots without a bound: rows "
+                f"of {span} keys could overflow it")
+    return backend.unverified("flag_gems_topk")
+
+
+def _row_chunk(floats_per_row: int) -> int:
+    return max(1, WORKSPACE_BUDGET_BYTES // (4 * max(floats_per_row, 1)))
+
+
+def _indexer_route(backend: "IluvatarBackend", q: Tensor, span: int, topk: int) -> tuple[str | None, str]:
+    kernel = backend.kernels.missing() or gpu.indexer_shape_declined(q)
+    if kernel is None:
+        return "kernel", ""
+    gems = _gems_declined(backend, span, topk)
+    if gems is None:
+        return "flag_gems", ""
+    return None, f"{kernel}; {gems}"
+
+
+def _key_rows(k: Any) -> int:
+    return (k[0] if isinstance(k, (tuple, list)) else k).shape[0]
+
+
+def _paged_span(k_cache: Any, block_table: Tensor) -> int:
+    cache = k_cache[0] if isinstance(k_cache, (tuple, list)) else k_cache
+    return block_table.shape[1] * cache.shape[1]
+
+
+def indexer_topk_supported(backend: "IluvatarBackend", q: Tensor, k: Any, weights: Tensor, k_start: Tensor,
+                           k_end: Tensor, topk: int) -> Verdict:
+    path, reason = _indexer_route(backend, q, _key_rows(k), topk)
+    return True if path else reason
+
+
+def indexer_topk(backend: "IluvatarBackend", q: Tensor, k: Any, weights: Tensor, k_start: Tensor, k_end: Tensor,
+                 topk: int) -> Tensor:
+    path, _ = _indexer_route(backend, q, _key_rows(k), topk)
+    if path == "kernel":
+        return gpu.indexer_topk(backend, q, k, weights, k_start, k_end, topk)
+    tokens, heads, _ = q.shape
+    out = torch.full((tokens, topk), -1, dtype=_I32, device=q.device)
+    keys = _dequantized(k)
+    step = _row_chunk(heads * keys.shape[0])
+    for first in range(0, tokens, step):
+        last = min(tokens, first + step)
+        # logits [t, S] = sum_h w[t, h] * relu(q[t, h] . k[s]), float32 on torch's CoreX BLAS
+        logits = torch.einsum("thd,sd->ths", q[first:last].float(), keys).relu_()
+        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(1)
+        start = k_start[first:last]
+        relative = _gems_topk(backend, logits, start, k_end[first:last], topk)
+        out[first:last] = torch.where(relative >= 0, relative + start.unsqueeze(-1), -1)
+    return out
+
+
+def indexer_topk_paged_supported(backend: "IluvatarBackend", q: Tensor, k_cache: Any, weights: Tensor,
+                                 block_table: Tensor, context_lens: Tensor, topk: int) -> Verdict:
+    path, reason = _indexer_route(backend, q, _paged_span(k_cache, block_table), topk)
+    return True if path else reason
+
+
+def indexer_topk_paged(backend: "IluvatarBackend", q: Tensor, k_cache: Any, weights: Tensor, block_table: Tensor,
+                       context_lens: Tensor, topk: int) -> Tensor:
+    path, _ = _indexer_route(backend, q, _paged_span(k_cache, block_table), topk)
+    if path == "kernel":
+        return gpu.indexer_topk_paged(backend, q, k_cache, weights, block_table, context_lens, topk)
+    batch, queries, heads, dim = q.shape
+    out = torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
+    keys = _dequantized(k_cache)
+    block_size = keys.shape[1]
+    # every sequence's keys fit in its block-table row: a bound read from the shapes, not the
+    # data (reading context_lens.max() would synchronise the device)
+    span = block_table.shape[1] * block_size
+    if out.numel() == 0 or span == 0:
+        return out
+    flat = keys.reshape(-1, dim)
+    positions = torch.arange(span, device=q.device)
+    step = _row_chunk(queries * heads * span + span * dim)
+    for first in range(0, batch, step):
+        last = min(batch, first + step)
+        lens = context_lens[first:last].long()
+        table = block_table[first:last].long()
+        in_use = positions[None, :] < lens[:, None]
+        blocks = table.gather(1, (positions // block_size).clamp(max=table.shape[1] - 1)[None, :]
+                              .expand(last - first, -1))
+        rows = torch.where(in_use, blocks * block_size + positions % block_size, 0)
+        logits = torch.einsum("bnhd,bsd->bnhs", q[first:last].float(), flat[rows]).relu_()
+        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(2)  # [b, N, span]
+        ends = (lens[:, None] - queries + 1 + torch.arange(queries, device=q.device)[None, :]).clamp(min=0)
+        found = _gems_topk(backend, logits.reshape(-1, span), torch.zeros_like(ends).reshape(-1), ends.reshape(-1),
+                           topk)
+        out[first:last] = found.view(last - first, queries, topk)
+    return out
+
+
+ADAPTERS = (
+    Adapter("rms_norm", rms_norm, dtypes=HALVES, supports=rms_norm_supported),
+    Adapter("int8_quant", int8_quant, dtypes=HALVES, supports=int8_quant_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
+    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
+    # the CoreX kernels (shared CUDA-dialect sources)
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
+    gpu.SPARSE_MLA_ATTENTION, SPARSE_MLA_DECODE_PAGED,
+    gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
+)
