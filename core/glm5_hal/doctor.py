@@ -162,9 +162,10 @@ def diagnose() -> dict:
                 if row["error"]:
                     findings.append(f"plugin {row['name']} is quarantined: {row['error']}")
     # The allocator and THP mode: this process's own (LD_PRELOAD and the kernel's settings are
-    # what every Python process started from this environment gets).
+    # what every Python process started from this environment gets). What they cost is speed,
+    # not correctness: performance notes, apart from the findings.
     report["memory"] = memory_env.describe()
-    findings.extend(memory_env.findings(report["memory"]))
+    report["performance_notes"] = memory_env.findings(report["memory"])
     report["findings"] = findings
     return report
 
@@ -210,6 +211,10 @@ def format_report(report: dict) -> str:
     elif isinstance(backends, dict):
         out.append(f"backends: could not be listed: {backends['error']}")
     out.append("")
+    if report.get("performance_notes"):
+        out.append("performance notes (large CPU tensors):")
+        out.extend(f"  - {n}" for n in report["performance_notes"])
+        out.append("")
     if report["findings"]:
         out.append("findings:")
         out.extend(f"  - {f}" for f in report["findings"])
