@@ -308,3 +308,20 @@ def test_the_backend_exposes_release_and_stats():
     del out
     assert cpu_backend.release_cached_outputs() >= 4 * MIB
     assert cpu_backend.cached_output_stats()["held_bytes"] == 0
+
+
+def test_outputs_beyond_the_capacity_are_fresh_mappings_with_the_huge_page_setting(monkeypatch):
+    mapped = []
+    real = buffers.map_block
+    monkeypatch.setattr(buffers, "map_block", lambda n, huge: mapped.append((n, huge)) or real(n, huge))
+    c = OutputCache(0, min_bytes=MIB, huge_pages=True, available=lambda: None)   # the cache off
+    big = c.empty((8 * MIB,), torch.float32)     # 32 MiB: glibc would map it fresh too
+    assert mapped == [(32 * MIB, True)] and big.shape == (8 * MIB,) and c.stats()["held_bytes"] == 0
+    big.fill_(1.0)
+    small = c.empty((MIB,), torch.float32)       # 4 MiB: torch's (glibc's heap may reuse it)
+    assert len(mapped) == 1 and disjoint(big, small)
+    short = OutputCache(0, min_bytes=MIB, huge_pages=True, reserve=64 * MIB, available=lambda: 48 * MIB)
+    short.empty((8 * MIB,), torch.float32)       # memory short: no huge-page request
+    off = OutputCache(0, min_bytes=MIB, huge_pages=False, available=lambda: None)
+    off.empty((8 * MIB,), torch.float32)
+    assert len(mapped) == 1

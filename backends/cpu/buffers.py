@@ -42,8 +42,13 @@ _GRANULE = 2 * _MIB
 # Below this an output is left to torch: glibc keeps blocks under its dynamic mmap threshold
 # in the heap, and the cache's own work per call (about 3 us) would cost more than it saves.
 DEFAULT_MIN_BYTES = 1 * _MIB
-# Whether blocks ask for transparent huge pages (GLM5_HAL_CPU_HUGE_PAGES=0/1 overrides).
+# Whether blocks ask for transparent huge pages (GLM5_HAL_CPU_HUGE_PAGES=0/1 overrides). On by
+# measurement (docs/performance.md, "Steady state"): the request costs once per block, at its
+# first touch, and steady-state calls on huge pages were faster.
 HUGE_PAGES_DEFAULT = True
+# glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX in glibc's malloc/malloc.c, 64-bit):
+# blocks at least this large are fresh mappings under glibc whatever the process did before.
+FRESH_MAP_BYTES = 32 * _MIB
 _use_count = torch._C._storage_Use_Count
 
 
@@ -161,11 +166,27 @@ class OutputCache:
     def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous, uninitialised tensor of `shape` and `dtype`, like torch.empty."""
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.min_bytes or nbytes > self.capacity:
+        if nbytes < self.min_bytes:
             return torch.empty(shape, dtype=dtype)
+        if nbytes > self.capacity:
+            return self._uncached(shape, dtype, nbytes)
         with self._lock:   # held until the tensor exists: before that the block still reads idle
             storage = self._take(nbytes)
             if storage is not None:
+                return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+        return torch.empty(shape, dtype=dtype)
+
+    def _uncached(self, shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+        """An output the cache cannot keep (larger than its capacity, or the cache off). glibc maps
+        one of at least FRESH_MAP_BYTES fresh whatever happens, so it is mapped here instead, with
+        the cache's huge-page setting, unless memory is short; smaller ones come from torch."""
+        if nbytes >= FRESH_MAP_BYTES and self.huge_pages:
+            available = self._available()
+            if available is None or available - nbytes >= self.reserve:
+                try:
+                    storage = map_block(nbytes, True)
+                except OSError:
+                    return torch.empty(shape, dtype=dtype)
                 return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
         return torch.empty(shape, dtype=dtype)
 
