@@ -79,9 +79,10 @@ def findings(info: dict) -> list[str]:
             "docs/performance.md, 'Steady state', has the measurements.")
     elif info["allocator"] == "jemalloc":
         out.append(
-            "malloc is jemalloc's: with its default decay it returns freed large blocks to the kernel "
-            "too, and large tensors fault again (measured slow in docs/performance.md, 'Steady state'); "
-            "tcmalloc (LD_PRELOAD=libtcmalloc_minimal.so.4) kept them mapped in the same measurement.")
+            "malloc is jemalloc's: large tensors made fresh on every call measured as slow under it as "
+            "under glibc's (docs/performance.md, 'Steady state'); glm5_hal's cpu backend reuses its own "
+            "large outputs, and for torch's ops in between tcmalloc (LD_PRELOAD=libtcmalloc_minimal.so.4) "
+            "kept them fast in the same measurement.")
     if info["thp_enabled"] == "always" and info["thp_defrag"] == "always":
         out.append(
             "transparent huge pages: enabled=always with defrag=always makes every large first touch "
