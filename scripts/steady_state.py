@@ -59,7 +59,6 @@ def measure(repeats: int, ops: list[str]) -> dict:
     import torch
 
     import glm5_hal as hal
-    from glm5_hal import memory_env
     from glm5_hal.bench import cases as bench_cases
 
     load_before = os.getloadavg()[0]
@@ -93,9 +92,14 @@ def measure(repeats: int, ops: list[str]) -> dict:
                      "median_ms": med * 1e3, "max_ms": max(op_s) * 1e3, "bound_ms": bound * 1e3,
                      "bound": what, "pct_of_bound": 100.0 * bound / med})
     from glm5_hal.backends import cpu
-    return {"memory": memory_env.describe(), "threads": threads, "torch": torch.__version__,
+    try:   # an install from before the output cache (for comparison) has neither
+        from glm5_hal import memory_env
+        memory, cache = memory_env.describe(), cpu.cached_output_stats()
+    except (ImportError, AttributeError):
+        memory, cache = {"allocator": "?", "thp_enabled": None, "thp_defrag": None}, None
+    return {"memory": memory, "threads": threads, "torch": torch.__version__,
             "settings": {k: os.environ[k] for k in _SETTINGS if k in os.environ},
-            "output_cache": cpu.cached_output_stats(),
+            "output_cache": cache,
             "load_average": [load_before, os.getloadavg()[0]], "rows": rows}
 
 
@@ -117,9 +121,15 @@ def format_run(i: int, run: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from glm5_hal import memory_env
+def _memory_summary(memory: dict) -> str:
+    try:
+        from glm5_hal import memory_env
+    except ImportError:   # an install from before it (for comparison)
+        return f"allocator {memory['allocator']}"
+    return memory_env.summary(memory)
 
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="fresh processes (default 5)")
     p.add_argument("--repeats", type=int, default=7, help="timed calls per op and run (default 7)")
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_fresh(args.repeats, ops)
         if i == 1:
             settings = " ".join(f"{k}={v}" for k, v in run["settings"].items()) or "defaults"
-            print(f"{memory_env.summary(run['memory'])}; torch {run['torch']}, {run['threads']} threads; "
+            print(f"{_memory_summary(run['memory'])}; torch {run['torch']}, {run['threads']} threads; "
                   f"settings: {settings}")
             print(f"run  {'op':<14} {'first ms':>9} {'min':>8} {'median':>8} {'max':>8} {'bound ms':>9}  "
                   f"{'bound':<26} {'% bound':>8}   load")

@@ -17,6 +17,7 @@ import glm5_hal as hal
 from glm5_hal.backends import cpu as cpu_backend
 from glm5_hal.backends.cpu import buffers
 from glm5_hal.backends.cpu.buffers import OutputCache, size_class
+from glm5_hal.errors import PluginError
 
 MIB = 1 << 20
 SHAPE = (512, 1024)   # 2 MiB of float32: above the test caches' 1 MiB threshold
@@ -238,14 +239,14 @@ def test_size_classes_round_up_by_at_most_a_sixteenth_above_2_mib():
 @pytest.mark.parametrize("text,error", [("lots", "whole number"), ("-5", ">= 0")])
 def test_the_capacity_setting_is_validated(monkeypatch, text, error):
     monkeypatch.setenv("GLM5_HAL_CPU_OUTPUT_CACHE_MB", text)
-    with pytest.raises(ValueError, match=error):
+    with pytest.raises(PluginError, match=error):
         buffers._default_capacity()
     monkeypatch.setenv("GLM5_HAL_CPU_OUTPUT_CACHE_MB", "64")
     assert buffers._default_capacity() == 64 * MIB
 
 
 def test_the_huge_page_setting_is_validated(monkeypatch):
-    with pytest.raises(ValueError, match="0 or 1"):
+    with pytest.raises(PluginError, match="0 or 1"):
         monkeypatch.setenv("GLM5_HAL_CPU_HUGE_PAGES", "yes")
         buffers._env_flag("GLM5_HAL_CPU_HUGE_PAGES", True)
     monkeypatch.setenv("GLM5_HAL_CPU_HUGE_PAGES", "0")

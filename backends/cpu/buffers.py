@@ -35,12 +35,14 @@ import threading
 
 import torch
 
+from glm5_hal.errors import PluginError
+
 _MIB = 1 << 20
 # Blocks come in size classes (a 2 MiB multiple, at most 1/16 above the request), so outputs
 # whose row count varies a little between calls share blocks.
 _GRANULE = 2 * _MIB
 # Below this an output is left to torch: glibc keeps blocks under its dynamic mmap threshold
-# in the heap, and the cache's own work per call (about 3 us) would cost more than it saves.
+# in the heap, and the cache's own work per call (a few us) would cost more than it saves.
 DEFAULT_MIN_BYTES = 1 * _MIB
 # Whether blocks ask for transparent huge pages (GLM5_HAL_CPU_HUGE_PAGES=0/1 overrides). On by
 # measurement (docs/performance.md, "Steady state"): the request costs once per block, at its
@@ -50,6 +52,7 @@ HUGE_PAGES_DEFAULT = True
 # blocks at least this large are fresh mappings under glibc whatever the process did before.
 FRESH_MAP_BYTES = 32 * _MIB
 _use_count = torch._C._storage_Use_Count
+_CPU = torch.device("cpu")
 
 
 def size_class(nbytes: int) -> int:
@@ -75,8 +78,8 @@ class Block:
         return sys.getrefcount(s)
 
     def intact(self) -> bool:
-        """Still the memory the cache made: a caller may have resized or moved the storage
-        (Tensor.resize_, share_memory_) while it was lent."""
+        """Still the memory the cache made: a caller may have moved the storage while it was
+        lent (Tensor.share_memory_; growing it fails: the storage is not resizable)."""
         s = self.storage
         return s.nbytes() == self.nbytes and s.data_ptr() == self.data_ptr
 
@@ -114,7 +117,10 @@ def map_block(nbytes: int, huge_pages: bool) -> torch.UntypedStorage:
     """`nbytes` of fresh anonymous memory as a storage (the storage owns the mapping: it is
     unmapped when the storage dies). huge_pages: ask Linux for transparent huge pages on it
     (madvise(MADV_HUGEPAGE)) before its first touch; see docs/performance.md for when that pays."""
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MAP_ANONYMOUS"):
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:   # Windows: -1 is an anonymous mapping already
+        m = mmap.mmap(-1, nbytes)
     if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
         m.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(m, dtype=torch.uint8).untyped_storage()
@@ -125,7 +131,7 @@ def _env_flag(name: str, default: bool) -> bool:
     if text is None or text == "":
         return default
     if text not in ("0", "1"):
-        raise ValueError(f"{name}: expected 0 or 1, got {text!r}")
+        raise PluginError(f"{name}: expected 0 or 1, got {text!r}")
     return text == "1"
 
 
@@ -135,10 +141,10 @@ def _default_capacity() -> int:
         try:
             mb = int(text)
         except ValueError:
-            raise ValueError(f"GLM5_HAL_CPU_OUTPUT_CACHE_MB: expected a whole number of MiB (0: off), "
-                             f"got {text!r}") from None
+            raise PluginError(f"GLM5_HAL_CPU_OUTPUT_CACHE_MB: expected a whole number of MiB (0: off), "
+                              f"got {text!r}") from None
         if mb < 0:
-            raise ValueError(f"GLM5_HAL_CPU_OUTPUT_CACHE_MB: expected >= 0, got {mb}")
+            raise PluginError(f"GLM5_HAL_CPU_OUTPUT_CACHE_MB: expected >= 0, got {mb}")
         return mb * _MIB
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -173,7 +179,7 @@ class OutputCache:
         with self._lock:   # held until the tensor exists: before that the block still reads idle
             storage = self._take(nbytes)
             if storage is not None:
-                return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+                return torch.empty(0, dtype=dtype, device=_CPU).set_(storage, 0, shape)
         return torch.empty(shape, dtype=dtype)
 
     def _uncached(self, shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
@@ -187,7 +193,7 @@ class OutputCache:
                     storage = map_block(nbytes, True)
                 except OSError:
                     return torch.empty(shape, dtype=dtype)
-                return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+                return torch.empty(0, dtype=dtype, device=_CPU).set_(storage, 0, shape)
         return torch.empty(shape, dtype=dtype)
 
     def _take(self, nbytes: int) -> torch.UntypedStorage | None:
@@ -267,6 +273,8 @@ class OutputCache:
 
 
 outputs = OutputCache(_default_capacity(), huge_pages=_env_flag("GLM5_HAL_CPU_HUGE_PAGES", HUGE_PAGES_DEFAULT))
+if hasattr(os, "register_at_fork"):   # a forked child starts with an unheld lock
+    os.register_at_fork(after_in_child=lambda: setattr(outputs, "_lock", threading.Lock()))
 empty = outputs.empty
 
 
