@@ -47,7 +47,6 @@ void rms_norm(const View& out, const RowsIn& x, const DenseIn& weight, float eps
   const int64_t xe = dtype_bytes(x_dtype);
   const char* xb = static_cast<const char*>(io.x.data);
   char* ob = static_cast<char*>(io.out.data);
-  advise_fresh_output(ob, rows * out_row_stride * xe);
   const int nt = threads_for(rows * dim, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -76,7 +75,6 @@ void silu_and_mul(const View& out, const RowsIn& x, int num_threads) {
   const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(io.x.data);
   char* ob = static_cast<char*>(io.out.data);
-  advise_fresh_output(ob, rows * out_row_stride * es);
   const int nt = threads_for(rows * n, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -128,7 +126,6 @@ void apply_rope(const View& out, const UnitLastIn& x, const DenseIn& positions, 
   const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(x.data);
   char* ob = static_cast<char*>(out.data);
-  advise_fresh_output(ob, tokens * out_token_stride * es);
   const int nt = threads_for(tokens * heads * rot_dim, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -165,7 +162,6 @@ void hadamard_transform(const View& out, const RowsIn& x, float scale, int num_t
   const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(io.x.data);
   char* ob = static_cast<char*>(io.out.data);
-  advise_fresh_output(ob, rows * out_row_stride * es);
   const int nt = threads_for(rows * dim * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {

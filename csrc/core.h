@@ -12,10 +12,6 @@
 #include <omp.h>
 #endif
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 namespace glm5 {
 
 // Element types crossing the Python boundary. Values are part of the binding ABI.
@@ -156,24 +152,6 @@ inline int64_t dtype_bytes(DType d) {
     case DType::I64: return 8;
   }
   return 0;
-}
-
-// A fresh output of `bytes` bytes that the kernel is about to write entirely: ask Linux for
-// transparent huge pages on its 2 MiB-aligned interior before the first touch. Large torch
-// allocations are fresh mmap regions, so without this every 4 KiB page faults on first write
-// (measured: a 96 MiB output fills in 11.3 ms with 4 KiB pages, 4.4 ms with huge pages).
-// Advice only: a kernel without THP, or with THP off, ignores it; nothing is read or moved.
-inline void advise_fresh_output(void* p, int64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  if (bytes < static_cast<int64_t>(2 * kHuge)) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
 }
 
 inline std::string str(int64_t v) { return std::to_string(v); }

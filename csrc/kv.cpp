@@ -205,7 +205,6 @@ void kv_cache_gather(const View& out, const DenseIn& cache, const RowsIn& block_
   if (total == 0 || row_bytes == 0) return;
   const char* cb = static_cast<const char*>(cache.data);
   char* ob = static_cast<char*>(out.data);
-  advise_fresh_output(ob, total * row_bytes);
   const int64_t nchunks = static_cast<int64_t>(chunks.size());
   const int nt = threads_for(total * row_bytes / 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)

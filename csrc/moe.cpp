@@ -210,7 +210,6 @@ void moe_permute_gather(const View& x_perm, const RowsIn& x, const DenseIn& src_
   if (rows == 0 || row_bytes == 0) return;
   const char* xb = static_cast<const char*>(xr.data);
   char* ob = static_cast<char*>(x_perm.data);
-  advise_fresh_output(ob, rows * row_bytes);
   const int nt = threads_for(rows * row_bytes / 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; ++r)
@@ -256,7 +255,6 @@ void moe_unpermute(const View& out, const RowsIn& y, const DenseIn& src_view, co
   const int64_t es = dtype_bytes(dtype);
   const char* yb = static_cast<const char*>(yr.data);
   char* ob = static_cast<char*>(out.data);
-  advise_fresh_output(ob, tokens * dim * es);
   const int nt = threads_for((rows + tokens) * dim, num_threads);
 #pragma omp parallel num_threads(nt)
   {

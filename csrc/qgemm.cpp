@@ -441,7 +441,6 @@ void run(const Problem& p, int num_threads) {
   if (p.a.rows == 0 || p.w.rows == 0) return;
   const int nt = clamp_threads(num_threads);
   const Call c(p, float_tile(), int8_tile());
-  advise_fresh_output(p.out.data, p.a.rows * p.out.row_stride * dtype_bytes(p.out.dtype));
   std::vector<int64_t> streamed, packed;
   for (int64_t e = 0; e < p.w.experts; ++e) {
     if (p.counts[e] == 0) continue;

@@ -45,7 +45,6 @@ void fp8_block_quant(const View& q_out, const View& scale_out, const RowsIn& x, 
   const int64_t es = dtype_bytes(dtype);
   const int64_t blocks = cols / block;
   const char* xb = static_cast<const char*>(xr.data);
-  advise_fresh_output(q, rows * cols);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -112,7 +111,6 @@ void int4_quantize(const View* fake_out, const View* packed_out, const View* sca
   const int64_t groups = cols / group;
   const char* wb = static_cast<const char*>(wr.data);
   char* fb = fake_out ? static_cast<char*>(fake_out->data) : nullptr;
-  if (fb) advise_fresh_output(fb, rows * cols * es);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {
@@ -165,7 +163,6 @@ void int4_unpack(const View& out_view, const RowsIn& packed_view, const DenseIn&
   float* out = static_cast<float*>(out_view.data);
   if (rows == 0 || cols == 0) return;
   const int64_t groups = cols / group;
-  advise_fresh_output(out, rows * cols * 4);
   const int nt = threads_for(rows * cols * 2, num_threads);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -203,7 +200,6 @@ void int8_quant(const View& q_out, const View& scale_out, const RowsIn& x, int n
   const DType dtype = x.dtype;
   const int64_t es = dtype_bytes(dtype);
   const char* xb = static_cast<const char*>(xr.data);
-  advise_fresh_output(q, rows * cols);
   const int nt = threads_for(rows * cols * 4, num_threads);
 #pragma omp parallel num_threads(nt)
   {

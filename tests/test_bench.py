@@ -71,6 +71,27 @@ def test_run_case_reports_reference_compiled_and_backends():
     assert data[0]["op"] == "moe_permute" and data[0]["timings"][1]["who"] == "cpu.moe_permute"
 
 
+def test_every_row_reports_the_spread_of_its_repeats():
+    case = next(c for c in bench_cases.cases("tiny") if c.op == "rms_norm")
+    rows = runner.run_case(case, ROOF, ["cpu"], compile_reference=False, repeats=3, min_time=0.001)
+    for r in rows:
+        assert 0 < r.min_ms <= r.ms <= r.max_ms
+    line = runner.format_rows(case, rows, ROOF).splitlines()[1]
+    assert f"{rows[1].min_ms:9.3f}" in line and f"{rows[1].max_ms:9.3f}" in line
+    assert runner.to_json([(case, rows)])[0]["timings"][1]["max_ms"] == rows[1].max_ms
+    header = runner.format_header(ROOF, {"allocator": "glibc", "thp_enabled": "madvise", "thp_defrag": "never"})
+    assert "min" in header and "max" in header
+    assert "memory: allocator glibc; THP enabled=madvise defrag=never" in header
+
+
+def test_batch_times_gives_every_repeat():
+    from glm5_hal.bench.timing import batch_times, median_time
+    calls = []
+    samples = batch_times(lambda: calls.append(1), repeats=4, min_time=0.0, warmup=2)
+    assert len(samples) == 4 and len(calls) == 2 + 1 + 4 and all(s > 0 for s in samples)
+    assert median_time(lambda: None, repeats=3, min_time=0.0) > 0
+
+
 def test_roofline_percent_picks_the_binding_limit():
     # 1 GFLOP at 100 GFLOP/s = 10 ms; 1 GB at 10 GB/s = 100 ms: bytes bind
     pct, bound = ROOF.percent(0.2, 1e9, 1e9)
@@ -167,6 +188,10 @@ def test_cli_bench_tiny_writes_json(tmp_path, capsys):
     assert {r["op"] for r in data["dispatch"]} == {"rms_norm", "moe_unpermute"}
     assert [c["op"] for c in data["ops"]] == ["rms_norm", "moe_unpermute"]
     assert data["roofline"]["triad_gbps"] > 0 and data["roofline"]["torch_copy_gbps"] > 0
+    from glm5_hal import memory_env
+    assert data["memory"] == memory_env.describe()
+    assert "memory: " + memory_env.summary(data["memory"]) in text
+    assert all(t["min_ms"] <= t["ms"] <= t["max_ms"] for c in data["ops"] for t in c["timings"] if t["ms"])
 
 
 def test_cli_bench_rejects_unknown_op_and_backend(capsys):
@@ -218,3 +243,26 @@ def test_bench_on_a_device_torch_does_not_have_is_an_error(capsys):
         pytest.skip("a CUDA device is present")
     assert cli.main(["bench", "--device", "cuda", "--preset", "tiny", "--op", "rms_norm"]) == 2
     assert "bench --device cuda: torch has no available cuda device here" in capsys.readouterr().err
+
+
+def _steady_state_script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "steady_state.py"
+    spec = importlib.util.spec_from_file_location("steady_state", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_steady_state_script_measures_an_op_against_its_bound():
+    script = _steady_state_script()
+    run = script.measure(repeats=2, ops=["moe_unpermute"])
+    (row,) = run["rows"]
+    assert row["op"] == "moe_unpermute" and 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+    assert row["bound"].startswith("copy_") and row["pct_of_bound"] == pytest.approx(
+        100 * row["bound_ms"] / row["median_ms"])
+    assert run["memory"]["allocator"] and run["output_cache"]["hits"] >= 2   # steady state: reused
+    table = script.format_run(1, run)
+    assert "moe_unpermute" in table and f"{row['pct_of_bound']:7.1f}%" in table

@@ -35,9 +35,20 @@ class CpuBackend(Backend):
 
 cpu = CpuBackend()
 
-from . import common, dsa, kv, moe, quant, quant_gemm  # noqa: E402,F401  (declare the kernels on `cpu`)
+from . import buffers, common, dsa, kv, moe, quant, quant_gemm  # noqa: E402,F401  (declare the kernels on `cpu`)
 
 
 @hookimpl
 def glm5_hal_register_backends(register):
     register(cpu)
+
+
+def release_cached_outputs() -> int:
+    """Frees the memory the cpu backend keeps for reuse as large outputs (backends/cpu/buffers.py)
+    and returns how many bytes were freed now; outputs still in use are freed with their tensors."""
+    return buffers.outputs.release()
+
+
+def cached_output_stats() -> dict:
+    """What the cpu backend's output cache holds: capacity, held/idle/lent bytes, hits, misses."""
+    return buffers.outputs.stats()

@@ -8,6 +8,7 @@ import torch
 from glm5_hal.checks import expert_counts
 
 from . import cpu
+from .buffers import empty, outputs
 from .native import _C, FLOATS, threads
 
 _I32 = torch.int32
@@ -18,7 +19,12 @@ def moe_permute(x, ids, num_experts):
     tokens, k = ids.shape
     tokens_per_expert = torch.empty(num_experts, dtype=_I32)
     src = torch.empty(tokens * k, dtype=_I32)
-    x_perm = _C.moe_permute(tokens_per_expert, src, x, ids, threads())
+    if k * x.nbytes < outputs.min_bytes:   # x_perm (at most T*k rows) is small: plan + gather in one call
+        x_perm = _C.moe_permute(tokens_per_expert, src, x, ids, threads())
+    else:   # the output's rows are known after the plan; its memory comes from the cache
+        rows = _C.moe_permute_plan(tokens_per_expert, src, ids)
+        x_perm = empty((rows, x.shape[1]), x.dtype)
+        _C.moe_permute_gather(x_perm, x, src, k, threads())
     rows = x_perm.shape[0]
     return x_perm, tokens_per_expert, src if rows == tokens * k else src[:rows]
 
@@ -26,7 +32,7 @@ def moe_permute(x, ids, num_experts):
 # validates_values: the kernel checks 0 <= src < T*k itself, before writing (csrc/moe.cpp).
 @cpu.impl("moe_unpermute", dtypes=FLOATS, validates_values=True)
 def moe_unpermute(y, src, weights):
-    out = torch.empty((weights.shape[0], y.shape[1]), dtype=y.dtype)
+    out = empty((weights.shape[0], y.shape[1]), y.dtype)
     _C.moe_unpermute(out, y, src, weights, threads())
     return out
 
@@ -36,7 +42,7 @@ def moe_unpermute(y, src, weights):
 @cpu.impl("grouped_gemm", dtypes=FLOATS, validates_values=True)
 def grouped_gemm(x, w, tokens_per_expert):
     if x.dtype == torch.bfloat16:  # the MoE layer's dtype: native tiles (AMX / AVX-512 BF16 / AVX2)
-        out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
+        out = empty((x.shape[0], w.shape[1]), x.dtype)
         _C.bf16_grouped_gemm(out, x, w, tokens_per_expert, threads())
         return out
     # float16 / float32: torch's GEMMs (oneDNN/BLAS; float16 accumulates in float32 inside). What
@@ -49,7 +55,7 @@ def grouped_gemm(x, w, tokens_per_expert):
 def per_expert_mm(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """torch's GEMM once per expert, each product written into its slice of one output (the
     counts already checked). Also the bench's torch peer of the native bf16 grouped GEMM."""
-    out = torch.empty((x.shape[0], w.shape[1]), dtype=x.dtype)
+    out = empty((x.shape[0], w.shape[1]), x.dtype)
     start = 0
     for e, n in enumerate(tokens_per_expert.tolist()):
         if n:

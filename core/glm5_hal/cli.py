@@ -57,6 +57,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return 0 if collectives.total_wrong(report) == 0 else 1
     import torch
 
+    from . import memory_env
     from .bench import cases as bench_cases, dispatch, runner
     from .errors import HalError
     ops = _bench_ops(args.op)
@@ -66,7 +67,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise HalError(f"bench --device {args.device}: torch has no available {device.type} device here")
     backends = runner.candidate_backends(args.backend, device.type)
     report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "backends": backends,
-                    "device": args.device}
+                    "device": args.device, "memory": memory_env.describe()}
     if args.dsa_vs_dense:
         from .bench import dsa_vs_dense
         if args.plot:
@@ -102,10 +103,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         report["preset"] = args.preset
         report["batch"] = args.batch
         report["roofline"] = dataclasses.asdict(roof)
-        print(f"\nops at preset {args.preset!r} (median of {args.repeats} batches; x ref = reference ms / ms; "
-              f"% roof of the machine's binding limit [named], f = flops, b = bytes; % torch of torch's "
-              f"GEMM or copy_ in this run)")
-        print(runner.format_header(roof), flush=True)
+        print(f"\nops at preset {args.preset!r} (ms: median of {args.repeats} batches, min and max of them; "
+              f"x ref = reference ms / ms; % roof of the machine's binding limit [named], f = flops, b = bytes; "
+              f"% torch of torch's GEMM or copy_ in this run)")
+        print(runner.format_header(roof, report["memory"]), flush=True)
         results = runner.run_cases(cases, roof, backends, compile_reference=not args.no_compile,
                                    repeats=args.repeats, device=args.device,
                                    on_case=lambda c, r: print(runner.format_rows(c, r, roof), flush=True))

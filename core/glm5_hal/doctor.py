@@ -19,6 +19,7 @@ import subprocess
 import sys
 from typing import Any
 
+from . import memory_env
 from .vendors import CUDA_TOOLCHAIN_ENV, VENDORS
 
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
@@ -164,6 +165,11 @@ def diagnose() -> dict:
             for row in backends.data:
                 if row["error"]:
                     findings.append(f"plugin {row['name']} is quarantined: {row['error']}")
+    # The allocator and THP mode: this process's own (LD_PRELOAD and the kernel's settings are
+    # what every Python process started from this environment gets). What they cost is speed,
+    # not correctness: performance notes, apart from the findings.
+    report["memory"] = memory_env.describe()
+    report["performance_notes"] = memory_env.findings(report["memory"])
     report["findings"] = findings
     return report
 
@@ -189,6 +195,8 @@ def format_report(report: dict) -> str:
     out.append("native      " + (f"glm5_hal._C ok (OpenMP {'on' if native.get('openmp') else 'off'}, "
                                   f"tensors read through the {native.get('tensor_reading') or 'nothing'})"
                                  if "error" not in native else f"glm5_hal._C missing: {native['error']}"))
+    if "memory" in report:
+        out.append("memory      " + memory_env.summary(report["memory"]))
     out.append("")
     out.append(f"{'vendor':<10} {'bridge':<22} {'toolchain':<28} {'device tool':<22} {'dist':<6} visible devices")
     for name, v in report["vendors"].items():
@@ -209,6 +217,10 @@ def format_report(report: dict) -> str:
     elif isinstance(backends, dict):
         out.append(f"backends: could not be listed: {backends['error']}")
     out.append("")
+    if report.get("performance_notes"):
+        out.append("performance notes (large CPU tensors):")
+        out.extend(f"  - {n}" for n in report["performance_notes"])
+        out.append("")
     if report["findings"]:
         out.append("findings:")
         out.extend(f"  - {f}" for f in report["findings"])

@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import itertools
 import logging
+import statistics
 import warnings
 from typing import Callable, Iterable
 
@@ -18,8 +19,9 @@ import torch
 
 import glm5_hal as hal
 
+from .. import memory_env
 from .roofline import Roofline, synchronizer
-from .timing import median_time
+from .timing import batch_times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Timing:
     note: str = ""
     peak_flops_pct: float | None = None  # % of the datasheet's compute peak (where known)
     peak_bytes_pct: float | None = None  # % of the datasheet's memory bandwidth (where known)
+    min_ms: float | None = None          # the fastest and slowest of the repeats (ms: their median)
+    max_ms: float | None = None
 
 
 def candidate_backends(only: Iterable[str] | None = None, device_type: str = "cpu") -> list[str]:
@@ -145,16 +149,18 @@ def _run(case, arg_sets, roofline, backends, compile_reference, repeats, min_tim
 def _timed(who: str, fn: Callable[[], object], case: BenchCase, roofline: Roofline,
            repeats: int, min_time: float, sync: Callable[[], None] | None = None) -> Timing:
     try:
-        seconds = median_time(fn, repeats=repeats, min_time=min_time, sync=sync)
+        samples = batch_times(fn, repeats=repeats, min_time=min_time, sync=sync)
     except Exception as exc:  # noqa: BLE001  (one failing implementation must not end the run)
         return Timing(who, None, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+    seconds = statistics.median(samples)
+    spread = dict(min_ms=min(samples) * 1e3, max_ms=max(samples) * 1e3)
     if not (case.flops or case.nbytes):
-        return Timing(who, seconds * 1e3)
+        return Timing(who, seconds * 1e3, **spread)
     pct, bound = roofline.percent(seconds, case.flops, case.nbytes, case.compute)
     peak_flops, peak_bytes = roofline.peak_percents(seconds, case.flops, case.nbytes)
     return Timing(who, seconds * 1e3, roofline_pct=pct, bound=bound,
                   torch_pct=roofline.torch_percent(seconds, case.flops, case.nbytes, case.compute),
-                  peak_flops_pct=peak_flops, peak_bytes_pct=peak_bytes)
+                  peak_flops_pct=peak_flops, peak_bytes_pct=peak_bytes, **spread)
 
 
 def run_cases(cases: list[BenchCase], roofline: Roofline, backends: list[str], *, compile_reference: bool = True,
@@ -178,14 +184,17 @@ def to_json(results: list[tuple[BenchCase, list[Timing]]]) -> list[dict]:
              "timings": [dataclasses.asdict(t) for t in rows]} for case, rows in results]
 
 
-def format_header(roofline: Roofline) -> str:
+def format_header(roofline: Roofline, memory: dict | None = None) -> str:
+    """The limits, the process's memory setup (`memory`: glm5_hal.memory_env.describe()) and
+    the column names. ms is the median of the repeats; min and max show their spread."""
     peaks = ""
     if roofline.peak_gflops or roofline.peak_gbps:
         peaks = (f"datasheet: bf16 {(roofline.peak_gflops or 0) / 1e3:.1f} TFLOP/s, memory "
                  f"{(roofline.peak_gbps or 0) / 1e3:.2f} TB/s (% peak: flops/bytes)\n")
-    return (roofline.describe() + "\n" + peaks +
-            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'x ref':>7} {'% roof':>9} {'% torch':>8}"
-            + (f" {'% peak f/b':>13}" if peaks else ""))
+    mem = f"memory: {memory_env.summary(memory)}\n" if memory else ""
+    return (roofline.describe() + "\n" + mem + peaks +
+            f"{'op':<24} {'shape':<40} {'implementation':<30} {'ms':>10} {'min':>9} {'max':>9} {'x ref':>7} "
+            f"{'% roof':>9} {'% torch':>8}" + (f" {'% peak f/b':>13}" if peaks else ""))
 
 
 def _pct(value: float | None) -> str:
@@ -200,16 +209,17 @@ def format_rows(case: BenchCase, rows: list[Timing], roofline: Roofline | None =
     lines = []
     for r in rows:
         ms = f"{r.ms:10.3f}" if r.ms else f"{'-':>10}"
+        spread = " ".join(f"{v:9.3f}" if v is not None else f"{'-':>9}" for v in (r.min_ms, r.max_ms))
         ratio = f"{r.vs_reference:7.2f}" if r.vs_reference else f"{'-':>7}"
         roof = f"{r.roofline_pct:7.1f}%{r.bound[0]}" if r.roofline_pct is not None else f"{'-':>9}"
         peer = f"{r.torch_pct:7.1f}%" if r.torch_pct is not None else f"{'-':>8}"
         peak = (f" {_pct(r.peak_flops_pct) + '/' + _pct(r.peak_bytes_pct):>13}"
                 if r.peak_flops_pct is not None or r.peak_bytes_pct is not None else "")
         limit = f"  [{_limit_name(case, roofline, r.bound)}]" if roofline and r.roofline_pct is not None else ""
-        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {ratio} {roof} {peer}{peak}"
+        lines.append(f"{case.op:<24} {case.label[:40]:<40} {r.who[:30]:<30} {ms} {spread} {ratio} {roof} {peer}{peak}"
                      + limit + (f"  {r.note}" if r.note else ""))
     return "\n".join(lines)
 
 
-def format_table(results: list[tuple[BenchCase, list[Timing]]], roofline: Roofline) -> str:
-    return "\n".join([format_header(roofline)] + [format_rows(c, rows, roofline) for c, rows in results])
+def format_table(results: list[tuple[BenchCase, list[Timing]]], roofline: Roofline, memory: dict | None = None) -> str:
+    return "\n".join([format_header(roofline, memory)] + [format_rows(c, rows, roofline) for c, rows in results])

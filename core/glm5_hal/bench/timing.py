@@ -1,4 +1,4 @@
-"""Timing primitives shared by every benchmark: warm-up, repeated batches, medians."""
+"""Timing primitives shared by every benchmark: warm-up, repeated batches, their times and medians."""
 from __future__ import annotations
 
 import statistics
@@ -8,8 +8,14 @@ from typing import Callable
 
 def median_time(fn: Callable[[], object], *, min_time: float = 0.2, repeats: int = 7,
                 warmup: int = 3, sync: Callable[[], None] | None = None) -> float:
-    """Median seconds per call of `fn` over `repeats` batches, each batch sized to last
-    about `min_time / repeats` seconds (so microsecond calls are not lost in timer noise)."""
+    """Median seconds per call of `fn` over `repeats` batches (see batch_times)."""
+    return statistics.median(batch_times(fn, min_time=min_time, repeats=repeats, warmup=warmup, sync=sync))
+
+
+def batch_times(fn: Callable[[], object], *, min_time: float = 0.2, repeats: int = 7,
+                warmup: int = 3, sync: Callable[[], None] | None = None) -> list[float]:
+    """Seconds per call of `fn` in each of `repeats` batches, each batch sized to last about
+    `min_time / repeats` seconds (so microsecond calls are not lost in timer noise)."""
     for _ in range(warmup):
         fn()
     if sync:
@@ -28,7 +34,7 @@ def median_time(fn: Callable[[], object], *, min_time: float = 0.2, repeats: int
         if sync:
             sync()
         samples.append((time.perf_counter() - t0) / per_batch)
-    return statistics.median(samples)
+    return samples
 
 
 def paired_times(fns: list[Callable[[], object]], *, min_time: float = 0.2, repeats: int = 9,
