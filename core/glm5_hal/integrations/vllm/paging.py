@@ -16,7 +16,10 @@ import dataclasses
 
 import torch
 
-__all__ = ["Run", "StepBatch", "runs_of", "build_step_batch"]
+__all__ = ["Run", "StepBatch", "runs_of", "build_step_batch", "indexer_page_views"]
+
+FP8 = torch.float8_e4m3fn
+SCALE_BYTES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,3 +84,18 @@ def build_step_batch(common) -> StepBatch:
         slot_mapping=common.slot_mapping[:tokens],
         runs=runs_of(starts),
         num_decodes=common.num_reqs, num_prefills=0, num_decode_tokens=tokens, num_prefill_tokens=0)
+
+
+def indexer_page_views(pages: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's indexer cache `[num_blocks, block_size, head_dim + 4]` uint8 (each block: its
+    `block_size x head_dim` FP8 keys, then `block_size` float32 scales) as glm5_hal's FP8 key
+    pair: (float8_e4m3fn `[num_blocks, block_size, head_dim]`, float32 `[num_blocks, block_size]`),
+    both views of the same memory."""
+    num_blocks, block_size, row = pages.shape
+    if row != head_dim + SCALE_BYTES or pages.dtype != torch.uint8:
+        raise ValueError(f"an indexer page of uint8 [num_blocks, block_size, {head_dim + SCALE_BYTES}] "
+                         f"expected, got {pages.dtype} {list(pages.shape)}")
+    flat = pages.flatten(1)
+    keys = flat[:, : block_size * head_dim].view(num_blocks, block_size, head_dim).view(FP8)
+    scales = flat[:, block_size * head_dim:].view(torch.float32)
+    return keys, scales
