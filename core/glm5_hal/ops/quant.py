@@ -53,12 +53,16 @@ def _straight_through_backward(ctx, grad):
     return grad, None
 
 
+def _straight_through_jvp(inputs, tangents):
+    return tangents[0]
+
+
 int4_fake_quant = define(
     ref.int4_fake_quant,
     args=dict(w=Tensor("N, K", FLOAT), group_size=Int(min=1)),
     rules=[_divides("group_size", "the last dim of 'w'")],
     fake=lambda w, group_size: torch.empty_like(w),
-    autograd=(_straight_through_backward, _setup_straight_through),
+    autograd=(_straight_through_backward, _setup_straight_through, _straight_through_jvp),
     doc="""Quantize-dequantize to the symmetric INT4 grid (QAT forward); straight-through backward.
 
     w:          [N, K] bfloat16 | float16 | float32
