@@ -6,14 +6,19 @@ parameters, defaults and torch schema come from the reference's annotated signat
 (`torch.library.infer_schema`; an FP8 key pair becomes two schema arguments); the contract
 (glm5_hal.contract) is compiled into the public function, so a call runs, inline:
 
-1. under `torch.compile` (or when autograd needs it) the torch custom op
-   `torch.ops.glm5_hal.<op>`, whose kernel is steps 2-3 and whose fake checks the inputs too;
+1. under a PyTorch transform (dynamo, a torch dispatch or function mode such as make_fx's or
+   FakeTensorMode, a functorch level: vmap, grad, jvp, functionalize; forward-mode AD; a tensor
+   subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
+   kernel is steps 2-3 and whose fake checks the inputs too (under torch.func's grad / jvp a
+   differentiable op applies its autograd.Function, which functorch can take; under
+   functionalize an in-place op writes copies, see `_functionalized`);
 2. the metadata checks (raising InvalidInputError), which also yield the decision key
    (device, dtype of the first tensor argument, pinned backend, FP8-pair flags). They are a
    pure function of what glm5_hal._C.call_key reads (each tensor's dtype, device, sizes and the
    flags the check reads, the scalars with their types, the pin), so a call whose call key
    passed before skips them and takes the decision key remembered for it (`_admit`); a call
-   call_key cannot read exactly (a tensor subclass, a scalar of another type) runs them;
+   call_key cannot read exactly (a tensor subclass, a scalar of another type) or made under a
+   transform (call_key gives no key then) runs them, then step 1 if it is transformed;
 3. one dict lookup for an implementation that needs nothing more per call; otherwise the
    slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
    per-call `supports` predicates in order, fallback accounting, the op's value checks
@@ -295,26 +300,31 @@ class Op:
             # _admit); call_key gives no key under a transform
             plan = c.plan.upper() if self.differentiable else c.plan
             lookup = [f"    _hit = _passed_get(_call_key({plan!r}, _pin(), {params}))"]
+            # the hit remembers, per call key, the decision key, whether the call needs
+            # autograd, and the implementation when one serves every call with that key
+            remembered = ["    if _fn is not None:",
+                          f"        return _fn({params})",
+                          f"    return _slow(_key, {call})"]
             checked = [*lookup,
                        "    if _hit is None:",
                        f"        return _unkeyed({params})",
-                       "    _key, _needs_grad = _hit"]
+                       "    _key, _needs_grad, _fn = _hit"]
             kernel_checked = [*lookup,
                               "    if _hit is None:",
                               f"        _hit = _admit({params})",
-                              "    _key = _hit[0]"]
+                              "    _key, _needs_grad, _fn = _hit"]
             grad = ["    if _needs_grad and _grad_enabled():", f"        return _via_torch({params})"]
             admit = ["", f"def _admit({params}):", *body,
                      f"    _key = {key}",
-                     f"    _hit = (_key, {needs_grad or 'False'})",
-                     f"    _remember(_call_key({plan!r}, _key[2], {params}), _hit)",
-                     "    return _hit",
+                     f"    return _remember(_call_key({plan!r}, _key[2], {params}), _key, "
+                     f"{needs_grad or 'False'}, {call})",
                      "",
                      f"def _unkeyed({params}):",
-                     f"    _key, _needs_grad = _admit({params})",
+                     f"    _key, _needs_grad, _fn = _admit({params})",
                      *transformed,
-                     *(grad if self.differentiable else []), *decide]
+                     *(grad if self.differentiable else []), *remembered]
         else:
+            remembered = decide
             checked = [*body, f"    _key = {key}", *transformed]
             kernel_checked = [*body, f"    _key = {key}"]
             grad = [f"    if _grad_enabled() and ({needs_grad}):", f"        return _via_torch({params})"]
@@ -322,13 +332,13 @@ class Op:
         source = "\n".join([
             f"def check({params}):", *body, f"    return {_key_without_pin(key)}",
             "",
-            *head, *checked, *(grad if self.differentiable else []), *decide,
+            *head, *checked, *(grad if self.differentiable else []), *(remembered if admit else decide),
             *admit,
             "",
             # the torch custom op's kernel: torch's dispatcher has applied any transform and
             # autograd by the time it runs, so it goes straight to the implementation
             f"def kernel({flat}):",
-            *join, *kernel_checked, *decide,
+            *join, *kernel_checked, *(remembered if admit else decide),
         ])
         ns = dict(c.namespace)
         ns.update(_dynamo_compiling=torch.compiler.is_dynamo_compiling, _transformed=_transformed,
@@ -346,17 +356,46 @@ class Op:
         public.op = self
         return ns["check"], public, ns["kernel"]
 
-    def _remember(self, call_key: tuple | None, hit: tuple) -> None:
-        """Keeps `hit` (the decision key and whether the call needs autograd) for calls with
-        this call key, which passed the check. Bounded: shapes that change every call (a
-        growing context) start it over rather than grow it."""
+    def _remember(self, call_key: tuple | None, key: tuple, needs_grad: bool, args: tuple) -> tuple:
+        """The hit for a call that passed the check: (decision key, whether it needs
+        autograd, the implementation serving every call with this call key or None), kept for
+        calls with the same call key. Bounded: shapes that change every call (a growing
+        context) start it over rather than grow it."""
         if call_key is None or _torch_function_mode():
-            # under a torch function mode the check read what the mode answered for the
-            # tensors, which the key (read from the tensors themselves) need not match
-            return
+            # no key; or, under a torch function mode, the check read what the mode answered
+            # for the tensors, which the key (read from the tensors themselves) need not match
+            return key, needs_grad, None
+        hit = (key, needs_grad, self._implementation_for(key, args))
         if len(self._passed) >= _PASSED_LIMIT:
             self._passed.clear()
         self._passed[call_key] = hit
+        return hit
+
+    def _implementation_for(self, key: tuple, args: tuple) -> Callable | None:
+        """The function every call with these arguments' call key gets, if that needs nothing
+        per call: the first candidate whose metadata-only predicate (`supports_metadata`,
+        a function of what the call key holds) accepts, with the op's value checks in front
+        where they run. None where a call needs more: a per-call `supports` predicate on the
+        way, or a rejection (fallback accounting and warnings count calls)."""
+        try:
+            decision = self.decision(key)
+        except HalError:
+            return None   # the slow path raises it, in its place
+        direct = self._direct.get(key)
+        if direct is not None:
+            return direct
+        if decision.static_rejections:
+            return None
+        for impl in decision.candidates:
+            if impl.needs_per_call_check:
+                return None
+            if impl.supports_metadata is not None and _verdict(impl.supports_metadata, args) is not True:
+                return None
+            fn = impl.fn
+            if decision.check_values is not None and not impl.validates_values:
+                fn = _values_checked(decision.check_values, fn)
+            return fn
+        return None
 
     def _requires_grad(self, p: str) -> str:
         if p in self.pairs:
@@ -452,7 +491,7 @@ class Op:
             first = decision.candidates[0]
             falls_back = (first.backend.name == REFERENCE and decision.vendor_available
                           and bool(decision.static_rejections))
-            if first.supports is None and not falls_back:
+            if first.supports is None and first.supports_metadata is None and not falls_back:
                 fn = first.fn
                 if decision.check_values is not None and not first.validates_values:
                     fn = _values_checked(decision.check_values, fn)
@@ -493,17 +532,25 @@ def select(decision: Decision, args: tuple) -> tuple[Impl, list[tuple[Backend, s
     """The implementation a call gets, and every rejection on the way (static ones first)."""
     rejections = list(decision.static_rejections)
     for impl in decision.candidates:
-        if impl.supports is None:
-            return impl, rejections
-        try:
-            verdict = impl.supports(*args)
-        except Exception as exc:
-            verdict = f"supports() raised {type(exc).__name__}: {exc}"
+        verdict: Any = True
+        for predicate in (impl.supports_metadata, impl.supports):
+            if predicate is not None and verdict is True:
+                verdict = _verdict(predicate, args)
         if verdict is True:
             return impl, rejections
-        rejections.append((impl.backend, verdict if isinstance(verdict, str)
-                           else f"supports() returned {verdict!r}"))
+        rejections.append((impl.backend, verdict))
     raise AssertionError("the reference implementation is always the last candidate")
+
+
+def _verdict(predicate: Callable, args: tuple) -> "bool | str":
+    """A predicate's verdict on a call: True, or the reason it declines (raising declines)."""
+    try:
+        verdict = predicate(*args)
+    except Exception as exc:
+        return f"supports() raised {type(exc).__name__}: {exc}"
+    if verdict is True or isinstance(verdict, str):
+        return verdict
+    return f"supports() returned {verdict!r}"
 
 
 def signature_mismatch(op: Op, fn: Callable) -> str | None:
