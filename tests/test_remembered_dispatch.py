@@ -4,6 +4,7 @@ with the same metadata go from the public function straight to the kernel; a per
 predicate (`supports`) and rejections (fallback accounting) still run on every call."""
 from __future__ import annotations
 
+import math
 import sys
 import types
 import warnings
@@ -123,3 +124,13 @@ def test_the_fallback_warning_names_the_callers_line(hal_state):
         hal.ops.rms_norm(x, w, 1e-6)
     (warning,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
     assert (warning.filename, warning.lineno) == (__file__, line)
+
+
+def test_the_dispatch_bench_times_a_vendor_shaped_backend_both_ways():
+    from glm5_hal.bench import dispatch
+    rows = dispatch.measure(["rms_norm", "kv_cache_write"], repeats=1, min_time=0.001)
+    for row in rows:
+        assert math.isfinite(row["vendor_stub_overhead_us"]) and math.isfinite(row["per_call_supports_overhead_us"])
+    text = dispatch.format_rows(rows)
+    assert "vendor us" in text and "per-call supports us" in text
+    assert dispatch.STUB not in {b.name for b in hal.backends()}
