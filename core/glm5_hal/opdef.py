@@ -19,10 +19,16 @@ parameters, defaults and torch schema come from the reference's annotated signat
    passed before skips them and takes the decision key remembered for it (`_admit`); a call
    call_key cannot read exactly (a tensor subclass, a scalar of another type) or made under a
    transform (call_key gives no key then) runs them, then step 1 if it is transformed;
-3. one dict lookup for an implementation that needs nothing more per call; otherwise the
-   slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
+3. the implementation remembered with the call key when one serves every call with that
+   call key (no per-call `supports` predicate, a metadata-only one accepted: `_remember`);
+   otherwise the slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
    per-call `supports` predicates in order, fallback accounting, the op's value checks
    unless the chosen kernel validates values itself, then the implementation.
+
+Three things are keys here, each named for what it is: an `Fp8Pair` argument (indexer keys,
+a tensor or an FP8 (values, scale) pair: glm5_hal.contract); the *decision key* (device, dtype,
+pin, FP8-pair flags: what the dispatcher decides once for); the *call key* (glm5_hal._C.call_key:
+all the metadata the check reads, under which a passed check is remembered).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from .backend import REFERENCE, Backend, Impl, describe_args
-from .contract import ArgSpec, Compiled, Key, Rule, Tensor, compile_contract, key_scale_name
+from .contract import ArgSpec, Compiled, Fp8Pair, Rule, Tensor, compile_contract, key_scale_name
 from .errors import HalError, InvalidInputError
 
 NAMESPACE = "glm5_hal"
@@ -257,12 +263,12 @@ class Op:
         self.signature = inspect.signature(reference)
         self.params = tuple(self.signature.parameters)
         self.contract: Compiled = compile_contract(name, self.params, args, rules)
-        self.pairs = tuple(p for p in self.params if isinstance(args[p], Key))
+        self.pairs = tuple(p for p in self.params if isinstance(args[p], Fp8Pair))
         self.schema = _infer_schema(name, reference, self.signature, self.pairs, mutates)
         self._direct: dict[tuple, Callable] = {}
         self._decisions: dict[tuple, Decision] = {}
         self._passed: dict[tuple, tuple] = {}
-        self._grad_args = tuple(p for p in self.params if isinstance(args[p], (Tensor, Key)))
+        self._grad_args = tuple(p for p in self.params if isinstance(args[p], (Tensor, Fp8Pair)))
         self._optional = frozenset(p for p in self.params
                                    if isinstance(args[p], Tensor) and args[p].optional)
         self.check, self.public, self.kernel = self._generate()

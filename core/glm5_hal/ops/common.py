@@ -1,4 +1,4 @@
-"""Elementwise / small ops (OPS.md section 2)."""
+"""Elementwise / small ops (docs/ops/common.md)."""
 from __future__ import annotations
 
 import torch
