@@ -241,3 +241,48 @@ def test_more_metadata_than_the_key_holds_gives_no_key():
     t = torch.zeros((1,) * 8)
     assert key(b"t" * 20, *[t] * 20) is not None            # 20 * 9 words
     assert key(b"t" * 40, *[t] * 40) is None                 # 40 * 9 words
+
+
+class _Passthrough(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _key_inside(transform):
+    """call_key of a plain tensor read inside `transform` (a function of a tensor)."""
+    seen = []
+
+    def probe(t):
+        seen.append(key(b"t", torch.zeros(2)))
+        return t
+    transform(probe)(torch.ones(3))
+    return seen[0]
+
+
+def _in_function_mode(f):
+    def run(t):
+        with _ContiguousLie():
+            return f(t)
+    return run
+
+
+@pytest.mark.parametrize("transform", [
+    _in_function_mode,
+    lambda f: torch.vmap(f),
+    lambda f: lambda t: torch.func.grad(lambda a: f(a).sum())(t),
+    lambda f: lambda t: torch.func.jvp(f, (t,), (t,))[0],
+    lambda f: torch.func.functionalize(f),
+], ids=["function mode", "vmap", "grad", "jvp", "functionalize"])
+def test_no_key_under_a_transform(transform):
+    # a transform's tensors may be wrappers without data: the call must go through torch.ops
+    assert key(b"t", torch.zeros(2)) is not None
+    assert _key_inside(transform) is None
+
+
+def test_no_key_under_a_dispatch_mode_or_forward_ad():
+    import torch.autograd.forward_ad as forward_ad
+    with _Passthrough():
+        assert key(b"t", torch.zeros(2)) is None
+    with forward_ad.dual_level():
+        assert key(b"t", torch.zeros(2)) is None
+    assert key(b"t", torch.zeros(2)) is not None
