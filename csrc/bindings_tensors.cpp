@@ -57,6 +57,7 @@ struct Readers {
   PyObject* functorch_levels = nullptr;
   // torch.autograd.forward_ad's globals: _current_level >= 0 inside forward_ad.dual_level()
   PyObject* forward_ad = nullptr;
+  PyObject* current_level = nullptr;   // the interned name "_current_level"
 };
 Readers r;
 
@@ -183,6 +184,7 @@ void init_readers() {
     Py_XINCREF(x.forward_ad);
     Py_DECREF(forward_ad);
   }
+  x.current_level = PyUnicode_InternFromString("_current_level");
   PyErr_Clear();
   PyObject* cpu = PyObject_CallMethod(torch, "device", "s", "cpu");
   PyErr_Clear();
@@ -191,7 +193,8 @@ void init_readers() {
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
   if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && data_ptr && x.no_args && x.int32 &&
-      x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.forward_ad && cpu_read && device_layout_ok(torch)) {
+      x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.forward_ad && x.current_level &&
+      cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
     x.data_ptr = data_ptr->ml_meth;
     x.ok = true;
@@ -223,7 +226,7 @@ bool function_mode_active() {
 // reach the op through torch's dispatcher.
 bool transform_active() {
   if (function_mode_active()) return true;
-  PyObject* level = PyDict_GetItemString(r.forward_ad, "_current_level");   // borrowed
+  PyObject* level = PyDict_GetItem(r.forward_ad, r.current_level);   // borrowed
   if (!level || !PyLong_CheckExact(level) || PyLong_AsLong(level) >= 0) {
     PyErr_Clear();
     return true;
