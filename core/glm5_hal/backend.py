@@ -110,7 +110,9 @@ class Backend:
         supports_metadata: optional predicate `supports_metadata(*args) -> True | reason` that
             reads only what a call key holds: each tensor's dtype, device and sizes (its
             contiguity only where the op's contract requires it), the scalars, and the
-            backend's own state (fixed until glm5_hal.reload()). It runs once per call key; its
+            backend's own state (fixed until glm5_hal.reload()); not values, strides,
+            addresses or process-wide settings that change between calls (a TF32 switch:
+            those belong in `supports`). It runs once per call key; its
             verdict is remembered with the implementation chosen, so a vendor kernel costs per
             call what a predicate-free one does.
         supports: optional per-call predicate `supports(*args) -> True | reason`, for what
