@@ -134,3 +134,14 @@ def test_the_dispatch_bench_times_a_vendor_shaped_backend_both_ways():
     text = dispatch.format_rows(rows)
     assert "vendor us" in text and "per-call supports us" in text
     assert dispatch.STUB not in {b.name for b in hal.backends()}
+
+
+def test_the_fallback_warning_names_the_callers_line_through_torch_ops(hal_state):
+    vendor(hal_state, metadata=even_last_dim)
+    x, w = torch.randn(3, 5), torch.ones(5)
+    with hal.use(NAME), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FallbackWarning)
+        line = sys._getframe().f_lineno + 1
+        torch.ops.glm5_hal.rms_norm(x, w, 1e-6)
+    (warning,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert (warning.filename, warning.lineno) == (__file__, line)

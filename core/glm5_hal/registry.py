@@ -235,14 +235,18 @@ class Registry:
                               stacklevel=_caller_stacklevel())
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
 def _caller_stacklevel() -> int:
     """warnings.warn's stacklevel, called from here, that names the first frame outside
-    dispatch (this module, glm5_hal.opdef and the generated op functions): the caller's line,
-    however many dispatch frames the call went through."""
+    dispatch (this module, glm5_hal.opdef, the generated op functions, and torch's own frames
+    when the call went through torch.ops): the caller's line, however many dispatch frames
+    the call went through."""
     internal = (__file__, opdef.__file__)
     frame, level = sys._getframe(1), 1
     while frame is not None and (frame.f_code.co_filename in internal
-                                 or frame.f_code.co_filename.startswith("<glm5_hal op")):
+                                 or frame.f_code.co_filename.startswith(("<glm5_hal op", _TORCH_DIR))):
         frame, level = frame.f_back, level + 1
     return level
 
