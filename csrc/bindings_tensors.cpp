@@ -20,8 +20,9 @@
 //   instead, for anything this does not read exactly: tensor subclasses other than nn.Parameter
 //   (they may override the getters), symbolic sizes, scalars of other types; and for every call
 //   while a PyTorch transform is active (a torch dispatch mode such as FakeTensorMode or make_fx's
-//   proxy mode, a torch function mode, a functorch level: vmap, grad, jvp, functionalize): there
-//   a tensor may be a wrapper without data of its own, and the op must go through torch.ops.
+//   proxy mode, a torch function mode, a functorch level: vmap, grad, jvp, functionalize; forward
+//   AD; torch.jit.trace): there a tensor may be a wrapper without data of its own, and the op
+//   must go through torch.ops.
 //
 // Tensors are read through torch.Tensor's own C getters (the ones `t.shape`, `t.dtype`,
 // `t.device` and `t.requires_grad` run), resolved once at import, with a torch.device's type and
@@ -55,6 +56,7 @@ struct Readers {
   PyObject* function_mode = nullptr;
   PyObject* dispatch_modes = nullptr;
   PyObject* functorch_levels = nullptr;
+  PyObject* jit_tracing = nullptr;     // torch._C._get_tracing_state: None unless torch.jit.trace runs
   // torch.autograd.forward_ad's globals: _current_level >= 0 inside forward_ad.dual_level()
   PyObject* forward_ad = nullptr;
   PyObject* current_level = nullptr;   // the interned name "_current_level"
@@ -179,6 +181,8 @@ void init_readers() {
   PyErr_Clear();
   x.functorch_levels = attribute(torch, "_C", "_are_functorch_transforms_active");
   PyErr_Clear();
+  x.jit_tracing = attribute(torch, "_C", "_get_tracing_state");
+  PyErr_Clear();
   if (PyObject* forward_ad = PyImport_ImportModule("torch.autograd.forward_ad")) {
     x.forward_ad = PyModule_GetDict(forward_ad);   // borrowed: the module lives as long as torch
     Py_XINCREF(x.forward_ad);
@@ -193,7 +197,7 @@ void init_readers() {
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
   if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && data_ptr && x.no_args && x.int32 &&
-      x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.forward_ad && x.current_level &&
+      x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.jit_tracing && x.forward_ad && x.current_level &&
       cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
     x.data_ptr = data_ptr->ml_meth;
@@ -222,8 +226,8 @@ bool function_mode_active() {
 
 // True while any PyTorch transform is active (or if that cannot be told): a torch function
 // mode, a torch dispatch mode (FakeTensorMode, make_fx's proxy mode, ...), a functorch level
-// (vmap, grad, jvp, functionalize) or forward-mode AD (forward_ad.dual_level). Such a call must
-// reach the op through torch's dispatcher.
+// (vmap, grad, jvp, functionalize), forward-mode AD (forward_ad.dual_level) or torch.jit.trace.
+// Such a call must reach the op through torch's dispatcher.
 bool transform_active() {
   if (function_mode_active()) return true;
   PyObject* level = PyDict_GetItem(r.forward_ad, r.current_level);   // borrowed
@@ -238,7 +242,10 @@ bool transform_active() {
   }
   Ref levels(PyObject_CallNoArgs(r.functorch_levels));
   if (!levels.p) PyErr_Clear();
-  return levels.p != Py_False;
+  if (levels.p != Py_False) return true;
+  Ref tracing(PyObject_CallNoArgs(r.jit_tracing));
+  if (!tracing.p) PyErr_Clear();
+  return tracing.p != Py_None;
 }
 
 enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtype's address, or kTensor set)

@@ -272,7 +272,8 @@ def _in_function_mode(f):
     lambda f: lambda t: torch.func.grad(lambda a: f(a).sum())(t),
     lambda f: lambda t: torch.func.jvp(f, (t,), (t,))[0],
     lambda f: torch.func.functionalize(f),
-], ids=["function mode", "vmap", "grad", "jvp", "functionalize"])
+    lambda f: lambda t: torch.jit.trace(f, (t,), check_trace=False)(t),
+], ids=["function mode", "vmap", "grad", "jvp", "functionalize", "jit.trace"])
 def test_no_key_under_a_transform(transform):
     # a transform's tensors may be wrappers without data: the call must go through torch.ops
     assert key(b"t", torch.zeros(2)) is not None

@@ -1,9 +1,9 @@
 """Every op under every PyTorch transform gives eager's result, on the reference and on the cpu
 backend: make_fx (real, fake, symbolic), FakeTensorMode, torch.vmap, torch.func.functionalize,
-torch.func.grad / vjp / jvp (differentiable ops), torch.compile(fullgraph=True) and
-torch.export. The ops come from the op table (glm5_hal.opdef.OPS), each with inputs from one
-of its conformance cases, so a new op is covered by adding it; an op without a usable case
-fails `test_every_op_has_transform_inputs`.
+torch.func.grad / vjp / jvp (differentiable ops), torch.compile(fullgraph=True),
+torch.export and torch.jit.trace. The ops come from the op table (glm5_hal.opdef.OPS), each
+with inputs from one of its conformance cases, so a new op is covered by adding it; an op
+without a usable case fails `test_every_op_has_transform_inputs`.
 
 What a transform must not do is the bug this pins: the eager fast path calling a native kernel
 with tensors that are wrappers (fake, batched, functional, grad-tracking) or tracing proxies,
@@ -226,6 +226,17 @@ def test_export(name, backend):
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert any(f"glm5_hal.{name}" in t for t in targets), program.graph
     assert_same(program.module()(*call.tensors), eager(call))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_jit_trace(name, backend):
+    call = Call(name, inputs(name))
+    def fn(*tensors):   # jit.trace takes functions and modules, not other callables
+        return call(*tensors)
+    traced = torch.jit.trace(fn, tuple(call.tensors), check_trace=False)
+    assert f"glm5_hal::{name}" in str(traced.graph), traced.graph
+    assert_same(traced(*call.tensors), eager(call))
 
 
 def test_eager_calls_still_take_the_fast_path():

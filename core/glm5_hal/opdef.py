@@ -62,6 +62,7 @@ _PASSED_LIMIT = 1024
 _torch_function_mode = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_levels = torch._C._are_functorch_transforms_active
+_jit_tracing = torch._C._get_tracing_state
 #: the tensor types the eager path serves itself (call_key reads exactly these)
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -96,11 +97,12 @@ def _transformed(*args: Any) -> bool:
     """Whether a call must reach the op through torch's dispatcher (torch.ops.glm5_hal.*)
     rather than the eager path: a PyTorch transform is active (a torch dispatch mode such as
     FakeTensorMode or make_fx's proxy mode, a torch function mode, a functorch level: vmap,
-    grad, jvp, functionalize; forward-mode AD; compiling or exporting), or a tensor argument is
-    a subclass (FakeTensor, FunctionalTensor, ...). Such tensors may be wrappers without data of
-    their own, and the transform must see the op to trace, batch or differentiate it. Device
-    emulation (register_device_emulation) is not a transform."""
-    if _functorch_levels() or _forward_ad._current_level >= 0 or torch.compiler.is_compiling():
+    grad, jvp, functionalize; forward-mode AD; torch.jit.trace; compiling or exporting), or a
+    tensor argument is a subclass (FakeTensor, FunctionalTensor, ...). Such tensors may be
+    wrappers without data of their own, and the transform must see the op to trace, batch or
+    differentiate it. Device emulation (register_device_emulation) is not a transform."""
+    if (_functorch_levels() or _forward_ad._current_level >= 0 or torch.compiler.is_compiling()
+            or _jit_tracing() is not None):
         return True
     if _dispatch_modes() and not _emulation_only(_dispatch_mode_stack()):
         return True
