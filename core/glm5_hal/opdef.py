@@ -7,8 +7,8 @@ parameters, defaults and torch schema come from the reference's annotated signat
 (glm5_hal.contract) is compiled into the public function, so a call runs, inline:
 
 1. under a PyTorch transform (dynamo, a torch dispatch or function mode such as make_fx's or
-   FakeTensorMode, a functorch level: vmap, grad, jvp, functionalize; forward-mode AD; a tensor
-   subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
+   FakeTensorMode, a functorch level: vmap, grad, jvp, functionalize; forward-mode AD;
+   torch.jit.trace; a tensor subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
    kernel is steps 2-3 and whose fake checks the inputs too (under torch.func's grad / jvp a
    differentiable op applies its autograd.Function, which functorch can take; under
    functionalize an in-place op writes copies, see `_functionalized`);
