@@ -16,21 +16,22 @@
 //   The key is (pin, metadata bytes, scalar values...). The bytes hold, per tensor, its dtype,
 //   device type and index, requires_grad and the contiguity flag where asked, the number of dims
 //   and every size; per scalar, a type code (so True and 1, or 1 and 1.0, never share a key).
-//   None is returned, and the caller runs its check as before, for anything this does not read
-//   exactly: tensor subclasses other than nn.Parameter (they may override the getters),
-//   symbolic sizes, scalars of other types.
+//   None is returned, and the caller runs its check (and, under a transform, torch's dispatcher)
+//   instead, for anything this does not read exactly: tensor subclasses other than nn.Parameter
+//   (they may override the getters), symbolic sizes, scalars of other types; and for every call
+//   while a PyTorch transform is active (a torch dispatch mode such as FakeTensorMode or make_fx's
+//   proxy mode, a torch function mode, a functorch level: vmap, grad, jvp, functionalize; forward
+//   AD; torch.jit.trace): there a tensor may be a wrapper without data of its own, and the op
+//   must go through torch.ops.
 //
-// Tensors are read from the TensorImpl itself where glm5_hal._tensor_reader is built and passed
-// its checks at import (bindings_tensor_reader.h, ~20 ns a tensor); otherwise through
-// torch.Tensor's own C getters (the ones `t.shape`, `t.dtype`, `t.device` and `t.requires_grad`
-// run, ~300 ns a tensor), resolved once at import, with a torch.device's type and index read from
-// the object (THPDevice: PyObject_HEAD, then c10::Device {int8 type, int8 index}), a layout
-// checked at import against devices of known type and index. If neither resolves and checks,
-// call_key always returns None and host_tensor false: slower, never wrong.
+// Tensors are read through torch.Tensor's own C getters (the ones `t.shape`, `t.dtype`,
+// `t.device` and `t.requires_grad` run), resolved once at import, with a torch.device's type and
+// index read from the object (THPDevice: PyObject_HEAD, then c10::Device {int8 type, int8 index}),
+// a layout checked at import against devices of known type and index. If these do not resolve
+// and check, call_key always returns None and host_tensor false: slower, never wrong.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
-#include "bindings_tensor_reader.h"
 #include "bindings_tensors.h"
 
 #include <algorithm>
@@ -44,19 +45,23 @@ struct Readers {
   bool ok = false;
   int8_t cpu_type = 0;                    // torch.device("cpu")'s type byte
   PyObject *int32 = nullptr, *int64 = nullptr;  // torch.int32, torch.int64
-  const glm5_bindings::TensorReaderApi* direct = nullptr;  // the tensor reader, where it serves
   PyTypeObject *tensor = nullptr, *parameter = nullptr, *dtype = nullptr;
   PyGetSetDef *shape = nullptr, *dtype_get = nullptr, *device = nullptr, *requires_grad = nullptr;
   PyCFunctionWithKeywords is_contiguous = nullptr;
   PyCFunction data_ptr = nullptr;
   PyObject* no_args = nullptr;
   PyTypeObject* device_type = nullptr;  // torch.device
-  // torch._C._is_torch_function_mode_enabled: the getters answer through an active mode, so
-  // the getters path declines while one is
+  // torch._C._is_torch_function_mode_enabled, _len_torch_dispatch_stack and
+  // _are_functorch_transforms_active: whether a transform is active (transform_active)
   PyObject* function_mode = nullptr;
+  PyObject* dispatch_modes = nullptr;
+  PyObject* functorch_levels = nullptr;
+  PyObject* jit_tracing = nullptr;     // torch._C._get_tracing_state: None unless torch.jit.trace runs
+  // torch.autograd.forward_ad's globals: _current_level >= 0 inside forward_ad.dual_level()
+  PyObject* forward_ad = nullptr;
+  PyObject* current_level = nullptr;   // the interned name "_current_level"
 };
 Readers r;
-bool getters_only = false;  // _C.read_through_getters (tests)
 
 struct DeviceObject {  // THPDevice's layout, checked at import (device_layout_ok)
   PyObject_HEAD
@@ -137,18 +142,6 @@ PyObject* attribute(PyObject* module, const char* path1, const char* path2 = nul
   return b;
 }
 
-// glm5_hal._tensor_reader's API if that module is built and serves with this torch, else null.
-const glm5_bindings::TensorReaderApi* tensor_reader(PyObject* torch) {
-  PyObject* module = PyImport_ImportModule("glm5_hal._tensor_reader");
-  const auto* api = module ? static_cast<const glm5_bindings::TensorReaderApi*>(
-                                 PyCapsule_Import(glm5_bindings::kTensorReaderCapsule, 0))
-                           : nullptr;
-  Py_XDECREF(module);
-  if (!api || api->abi != glm5_bindings::kTensorReaderAbi || !api->init(torch)) api = nullptr;
-  PyErr_Clear();
-  return api;
-}
-
 void init_readers() {
   PyObject* torch = PyImport_ImportModule("torch");
   if (!torch) {
@@ -184,6 +177,19 @@ void init_readers() {
   PyErr_Clear();
   x.function_mode = attribute(torch, "_C", "_is_torch_function_mode_enabled");
   PyErr_Clear();
+  x.dispatch_modes = attribute(torch, "_C", "_len_torch_dispatch_stack");
+  PyErr_Clear();
+  x.functorch_levels = attribute(torch, "_C", "_are_functorch_transforms_active");
+  PyErr_Clear();
+  x.jit_tracing = attribute(torch, "_C", "_get_tracing_state");
+  PyErr_Clear();
+  if (PyObject* forward_ad = PyImport_ImportModule("torch.autograd.forward_ad")) {
+    x.forward_ad = PyModule_GetDict(forward_ad);   // borrowed: the module lives as long as torch
+    Py_XINCREF(x.forward_ad);
+    Py_DECREF(forward_ad);
+  }
+  x.current_level = PyUnicode_InternFromString("_current_level");
+  PyErr_Clear();
   PyObject* cpu = PyObject_CallMethod(torch, "device", "s", "cpu");
   PyErr_Clear();
   if (cpu) x.device_type = Py_TYPE(cpu);   // a type object lives as long as torch
@@ -191,12 +197,12 @@ void init_readers() {
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
   if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && data_ptr && x.no_args && x.int32 &&
-      x.int64 && x.function_mode && cpu_read && device_layout_ok(torch)) {
+      x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.jit_tracing && x.forward_ad && x.current_level &&
+      cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
     x.data_ptr = data_ptr->ml_meth;
     x.ok = true;
   }
-  x.direct = tensor_reader(torch);
   Py_DECREF(torch);
   r = x;
 }
@@ -210,15 +216,36 @@ struct Ref {
   Ref& operator=(const Ref&) = delete;
 };
 
-// Whether tensors are read through the getters now (no tensor reader, or the tests force it).
-bool through_getters() { return !r.direct || getters_only; }
-
 // True while a torch function mode is active (or if that cannot be told): the getters then
 // answer what the mode says, so their path declines.
 bool function_mode_active() {
   Ref on(PyObject_CallNoArgs(r.function_mode));
   if (!on.p) PyErr_Clear();
   return on.p != Py_False;
+}
+
+// True while any PyTorch transform is active (or if that cannot be told): a torch function
+// mode, a torch dispatch mode (FakeTensorMode, make_fx's proxy mode, ...), a functorch level
+// (vmap, grad, jvp, functionalize), forward-mode AD (forward_ad.dual_level) or torch.jit.trace.
+// Such a call must reach the op through torch's dispatcher.
+bool transform_active() {
+  if (function_mode_active()) return true;
+  PyObject* level = PyDict_GetItem(r.forward_ad, r.current_level);   // borrowed
+  if (!level || !PyLong_CheckExact(level) || PyLong_AsLong(level) >= 0) {
+    PyErr_Clear();
+    return true;
+  }
+  Ref modes(PyObject_CallNoArgs(r.dispatch_modes));
+  if (!modes.p || !PyLong_CheckExact(modes.p) || PyLong_AsLong(modes.p) != 0) {
+    PyErr_Clear();
+    return true;
+  }
+  Ref levels(PyObject_CallNoArgs(r.functorch_levels));
+  if (!levels.p) PyErr_Clear();
+  if (levels.p != Py_False) return true;
+  Ref tracing(PyObject_CallNoArgs(r.jit_tracing));
+  if (!tracing.p) PyErr_Clear();
+  return tracing.p != Py_None;
 }
 
 enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtype's address, or kTensor set)
@@ -254,15 +281,6 @@ class Words {
 bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, Words& words) {
   PyTypeObject* type = Py_TYPE(t);
   if (type != r.tensor && type != r.parameter) return false;
-  if (!through_getters()) {
-    glm5_bindings::TensorMeta m;
-    if (!r.direct->read(t, contiguity, grad_flag, &m)) return false;
-    words.push_back(kTensor | m.ndim | m.scalar_type << 16 | static_cast<int64_t>(static_cast<uint8_t>(m.device_type)) << 32 |
-                    static_cast<int64_t>(static_cast<uint8_t>(m.device_index)) << 40 |
-                    static_cast<int64_t>(m.requires_grad) << 48 | static_cast<int64_t>(m.contiguous) << 49);
-    words.insert(m.sizes, m.sizes + m.ndim);
-    return true;
-  }
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
   Ref shape(r.shape->get(t, r.shape->closure));
   Ref device(r.device->get(t, r.device->closure));
@@ -317,7 +335,7 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "call_key(plan: bytes, pin, *args): one plan code per argument");
     return nullptr;
   }
-  if (!r.ok || (through_getters() && function_mode_active())) Py_RETURN_NONE;
+  if (!r.ok || transform_active()) Py_RETURN_NONE;
   const char* plan = PyBytes_AS_STRING(args[0]);
   const Py_ssize_t n = nargs - 2;
   Words words;
@@ -386,7 +404,6 @@ namespace glm5_bindings {
 
 bool host_tensor(PyObject* t, HostData& out) {
   if (!r.ok || (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter)) return false;
-  if (!through_getters()) return r.direct->host(t, &out);
   if (function_mode_active()) return false;
   Ref device(r.device->get(t, r.device->closure));
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
@@ -438,9 +455,7 @@ PyMethodDef methods[] = {
 void glm5_bind_tensor_reading(pybind11::module_& m) {
   init_readers();
   if (PyModule_AddFunctions(m.ptr(), methods) != 0) throw pybind11::error_already_set();
-  m.def("tensor_reading", [] { return std::string(!r.ok ? "" : through_getters() ? "getters" : "tensor reader"); },
-        "how call_key and the value checks read tensors: 'tensor reader', 'getters', or '' (call_key "
-        "always returns None, the value checks always decline)");
-  m.def("read_through_getters", [](bool on) { getters_only = on; },
-        "tests: read tensors through the getters even where the tensor reader serves (False: back)");
+  m.def("tensor_reading", [] { return std::string(r.ok ? "getters" : ""); },
+        "how call_key and the value checks read tensors: 'getters' (torch.Tensor's C getters), or '' "
+        "(they did not resolve at import: call_key always returns None, the value checks always decline)");
 }

@@ -5,12 +5,21 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <exception>
 #include <new>
 
-#include "bindings_tensor_reader.h"
-
 namespace glm5_bindings {
+
+// A host tensor's elements, for the value checks (csrc/bindings_value_checks.cpp).
+constexpr int kHostMaxDims = 8;
+struct HostData {
+  const void* data;   // null when empty
+  int64_t int_bytes;  // 4 for int32, 8 for int64, 0 for any other dtype
+  int64_t numel;
+  int64_t ndim;
+  int64_t sizes[kHostMaxDims];
+};
 
 // `type`'s own C getter `name` (a PyGetSetDef with a getter), or null.
 PyGetSetDef* c_getset(PyObject* type, const char* name);
@@ -19,7 +28,7 @@ PyMethodDef* c_method(PyObject* type, const char* name, int flags);
 
 // The elements of `t` if it is an exact torch.Tensor or nn.Parameter on the CPU, contiguous,
 // of at most kHostMaxDims dims; false (and the caller takes its torch path) otherwise. Read
-// through the tensor reader where it serves, else through torch's getters.
+// through torch's getters.
 bool host_tensor(PyObject* t, HostData& out);
 
 using FastcallBody = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
@@ -48,7 +57,7 @@ PyCFunction fastcall() {
 
 }  // namespace glm5_bindings
 
-// Adds call_key, tensor_reading and read_through_getters to glm5_hal._C (its module init, after
+// Adds call_key and tensor_reading to glm5_hal._C (its module init, after
 // torch is imported).
 void glm5_bind_tensor_reading(pybind11::module_& m);
 

@@ -54,6 +54,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from glm5_hal.opdef import register_device_emulation
+
 DEVICE_TYPE = "privateuseone"
 DEVICE = torch.device(DEVICE_TYPE, 0)
 _CPU = torch.device("cpu")
@@ -300,6 +302,11 @@ class _FactoryWatch(TorchFunctionMode):
                         "the copy waits for the stream")
             return DeviceTensor(func(*args, **{**kwargs, "device": _CPU}))
         return func(*args, **kwargs)
+
+
+# device tensors and the watch are a device, not a transform: dispatch takes its eager path with
+# them, as with real device tensors
+register_device_emulation(DeviceTensor, _DispatchWatch, _FactoryWatch)
 
 
 @contextlib.contextmanager

@@ -39,8 +39,8 @@ def test_doctor_on_a_healthy_machine():
     assert "torch       2." in proc.stdout and "findings: none" in proc.stdout
     report = json.loads(glm5_hal("doctor", "--json").stdout)
     assert report["native_extension"]["openmp"] in (True, False)
-    assert report["native_extension"]["tensor_reading"] == "tensor reader"   # else a finding
-    assert "tensors read through the tensor reader" in proc.stdout
+    assert report["native_extension"]["tensor_reading"] == "getters"   # else a finding
+    assert "tensors read through the getters" in proc.stdout
     assert {r["name"] for r in report["backends"]} >= {"reference", "cpu"}
 
 

@@ -1,4 +1,4 @@
-"""Conformance cases of the GEMMs on the checkpoint formats and int8_quant (OPS.md 3.1): the
+"""Conformance cases of the GEMMs on the checkpoint formats and int8_quant (docs/ops/quant.md): the
 reference passes them, deliberately wrong backends fail the cases that expose their bug,
 plausible correct variants pass, and the Int8Codes rule behaves as documented."""
 from __future__ import annotations

@@ -172,6 +172,19 @@ def test_rms_norm_matches_the_reference(s4000, dtype, shape):
     assert s4000.runtime.calls["rms_norm"] == 1
 
 
+def test_rms_norm_is_served_from_the_remembered_call_key(s4000):
+    # its predicate reads only metadata and backend state (supports_metadata): evaluated once
+    # per call key, the adapter remembered with it, so later calls go straight to the kernel
+    x, w = randn(4, 32, g=seeded(3)), randn(32, g=seeded(4))
+    op = hal.ops.rms_norm.op
+    op.clear()
+    for _ in range(3):
+        hal.ops.rms_norm(x, w, 1e-6)
+    assert s4000.runtime.calls["rms_norm"] == 3
+    (hit,) = op._passed.values()
+    assert hit[2] is s4000.impls["rms_norm"].fn
+
+
 def test_rms_norm_of_float32_takes_a_narrower_weight_exactly(s4000):
     g = seeded(2)
     x, w = randn(4, 32, g=g), randn(32, g=g, dtype=BF16)

@@ -1,4 +1,4 @@
-"""silu_and_mul, apply_rope, hadamard_transform (OPS.md section 2): reference semantics
+"""silu_and_mul, apply_rope, hadamard_transform (docs/ops/common.md): reference semantics
 pinned by independent formulations, the input contract, autograd, opcheck and torch.compile.
 (rms_norm has its own file, tests/test_rms_norm.py.)"""
 from __future__ import annotations

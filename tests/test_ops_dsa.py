@@ -1,4 +1,4 @@
-"""DSA ops (OPS.md section 4): the indexer and sparse / dense MLA attention.
+"""DSA ops (docs/ops/dsa.md): the indexer and sparse / dense MLA attention.
 
 The semantics are pinned from independent angles: naive loops written here against the
 contract's formulas, sparse decode against dense decode, paged ops against unpaged ones on

@@ -114,7 +114,7 @@ def test_kv_cache_write_under_compile_mutates_the_callers_cache():
 
 # -- indexer_k_cache_write --------------------------------------------------------------------------
 def quantize_row_by_hand(row: torch.Tensor, scale_fmt):
-    """OPS.md section 3 for one block spanning the whole row."""
+    """docs/ops/quant.md for one block spanning the whole row."""
     amax = max(float(row.float().abs().max()), 1e-4)
     scale = torch.tensor(amax / 448.0, dtype=torch.float32)
     if scale_fmt == "ue8m0":

@@ -32,7 +32,7 @@ def ids_tensor(rows) -> torch.Tensor:
 
 # -- moe_route ------------------------------------------------------------------------------
 def route_by_hand(logits, bias, top_k, n_group, topk_group, factor, norm, score_func):
-    """OPS.md section 5 steps 1-7, one token at a time in float64 Python arithmetic.
+    """docs/ops/moe.md steps 1-7, one token at a time in float64 Python arithmetic.
     Returns one {expert: weight} dict per token."""
     T, E = logits.shape
     per_group = E // n_group

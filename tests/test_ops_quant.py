@@ -1,4 +1,4 @@
-"""fp8_block_quant and the INT4 ops (OPS.md section 3): the formats pinned by independent
+"""fp8_block_quant and the INT4 ops (docs/ops/quant.md): the formats pinned by independent
 formulations and hand-built examples, round-trip bounds, the straight-through gradient,
 the input contract, opcheck and torch.compile."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GEMMs on the checkpoint formats and int8_quant (OPS.md section 3.1): their meaning pinned
+"""The GEMMs on the checkpoint formats and int8_quant (docs/ops/quant.md): their meaning pinned
 by hand-built examples and independent formulations (dequantize, then multiply in float64;
 exact integer sums), the grouped forms against the dense ones, round-trip bounds, the input
 contract, opcheck and torch.compile. Run through glm5_hal.ops (the best backend here)."""

@@ -81,31 +81,26 @@ class _Sub(torch.Tensor):
     pass
 
 
-@pytest.mark.parametrize("getters", [False, True], ids=["tensor reader", "getters"])
-def test_the_native_scans_take_only_tensors_they_read_exactly(getters):
+def test_the_native_scans_take_only_tensors_they_read_exactly():
     # glm5_hal._C reads the tensor itself (csrc/bindings_value_checks.cpp); anything it cannot
     # scan in place it declines with None, and the torch formulation runs instead
-    _C.read_through_getters(getters)
-    try:
-        t = torch.arange(10, dtype=torch.int32)
-        assert _C.first_outside(t, 0, 5, None) == 5
-        assert _C.first_outside(t, 0, 5, 7) == 5 and _C.first_outside(t[:6], 0, 5, 5) == -1
-        assert _C.first_outside(torch.zeros(0, dtype=torch.int64), 0, 1, None) == -1
-        assert _C.smallest_repeat(torch.tensor([3, 1, 3, 1, -1, -1])) == 1
-        assert _C.sum_of(torch.tensor([[1, 2], [3, 4]])) == 10
-        table = torch.tensor([[0, 1], [2, 9]], dtype=torch.int32)
-        lens = torch.tensor([2, 2], dtype=torch.int32)
-        assert _C.first_bad_block(table, lens, 1, 4) == (1, 1)
-        assert _C.first_bad_range(torch.tensor([0, 3], dtype=torch.int32),
-                                  torch.tensor([2, 2], dtype=torch.int32), 4) == (2, 1)
-        for declined in (t[::2], t.float(), t.to("meta"), t.as_subclass(_Sub), [1, 2]):
-            assert _C.first_outside(declined, 0, 5, None) is None
-            assert _C.smallest_repeat(declined) is None and _C.sum_of(declined) is None
-        assert _C.first_outside(t, 0, 2**70, None) is None          # a bound beyond int64
-        assert _C.first_bad_block(table.long(), lens, 1, 4) is None  # the scan reads int32 tables
-        assert _C.first_bad_block(table, lens[:1], 1, 4) is None     # lens must match the table
-        assert _C.first_bad_range(lens, lens[:1], 4) is None
-        with pytest.raises(TypeError, match="takes 4 arguments"):
-            _C.first_outside(t, 0, 5)
-    finally:
-        _C.read_through_getters(False)
+    t = torch.arange(10, dtype=torch.int32)
+    assert _C.first_outside(t, 0, 5, None) == 5
+    assert _C.first_outside(t, 0, 5, 7) == 5 and _C.first_outside(t[:6], 0, 5, 5) == -1
+    assert _C.first_outside(torch.zeros(0, dtype=torch.int64), 0, 1, None) == -1
+    assert _C.smallest_repeat(torch.tensor([3, 1, 3, 1, -1, -1])) == 1
+    assert _C.sum_of(torch.tensor([[1, 2], [3, 4]])) == 10
+    table = torch.tensor([[0, 1], [2, 9]], dtype=torch.int32)
+    lens = torch.tensor([2, 2], dtype=torch.int32)
+    assert _C.first_bad_block(table, lens, 1, 4) == (1, 1)
+    assert _C.first_bad_range(torch.tensor([0, 3], dtype=torch.int32),
+                              torch.tensor([2, 2], dtype=torch.int32), 4) == (2, 1)
+    for declined in (t[::2], t.float(), t.to("meta"), t.as_subclass(_Sub), [1, 2]):
+        assert _C.first_outside(declined, 0, 5, None) is None
+        assert _C.smallest_repeat(declined) is None and _C.sum_of(declined) is None
+    assert _C.first_outside(t, 0, 2**70, None) is None          # a bound beyond int64
+    assert _C.first_bad_block(table.long(), lens, 1, 4) is None  # the scan reads int32 tables
+    assert _C.first_bad_block(table, lens[:1], 1, 4) is None     # lens must match the table
+    assert _C.first_bad_range(lens, lens[:1], 4) is None
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        _C.first_outside(t, 0, 5)

@@ -271,11 +271,13 @@ def _flash_sparse(backend: "MusaBackend", q: Tensor, kv_rows: Tensor, rows: Tens
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
-    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
-    Adapter("grouped_gemm", grouped_gemm, dtypes=HALVES, supports=grouped_gemm_supported),
-    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_block_gemm_supported),
-    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_grouped_gemm_supported),
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports_metadata=rms_norm_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports_metadata=apply_rope_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=HALVES, supports_metadata=grouped_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,),
+            supports_metadata=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(torch.float8_e4m3fn,),
+            supports_metadata=fp8_grouped_gemm_supported),
     Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports=sparse_mla_attention_supported),
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=FLOATS,
             supports=sparse_mla_decode_paged_supported),

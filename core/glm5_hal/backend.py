@@ -53,8 +53,16 @@ class Impl:
     backend: "Backend"
     fn: Callable
     dtypes: frozenset | None  # None: any dtype the op accepts
-    supports: SupportsFn | None  # None: every call with an accepted dtype
+    supports: SupportsFn | None  # None: every call with an accepted dtype; runs per call
     validates_values: bool = False  # the kernel itself raises what the op's check_values would
+    # a metadata-only predicate: evaluated once per call key (glm5_hal.opdef), its verdict
+    # remembered with the chosen implementation
+    supports_metadata: SupportsFn | None = None
+
+    @property
+    def needs_per_call_check(self) -> bool:
+        """Whether every call must run a predicate of this implementation (`supports`)."""
+        return self.supports is not None
 
     @property
     def qualname(self) -> str:
@@ -92,15 +100,25 @@ class Backend:
 
     # -- declaring kernels -----------------------------------------------------------
     def impl(self, op: str, dtypes: Iterable[torch.dtype] | None = None,
-             supports: SupportsFn | None = None, validates_values: bool = False
-             ) -> Callable[[Callable], Callable]:
+             supports: SupportsFn | None = None, validates_values: bool = False,
+             supports_metadata: SupportsFn | None = None) -> Callable[[Callable], Callable]:
         """Decorator declaring `fn` as this backend's implementation of `op`.
 
         dtypes: the dtypes of the op's dispatch argument this kernel accepts (None: all).
         The function takes exactly the op's parameters, by name and in order (as the op's
         reference in glm5_hal.reference does); registration refuses anything else.
-        supports: optional per-call predicate `supports(*args) -> True | reason`; it runs
-            on every call that reaches this implementation, so keep it cheap.
+        supports_metadata: optional predicate `supports_metadata(*args) -> True | reason` that
+            reads only what a call key holds: each tensor's dtype, device and sizes (its
+            contiguity only where the op's contract requires it), the scalars, and the
+            backend's own state (fixed until glm5_hal.reload()); not values, strides,
+            addresses or process-wide settings that change between calls (a TF32 switch:
+            those belong in `supports`). It runs once per call key; its
+            verdict is remembered with the implementation chosen, so a vendor kernel costs per
+            call what a predicate-free one does.
+        supports: optional per-call predicate `supports(*args) -> True | reason`, for what
+            `supports_metadata` may not read (values, strides, addresses); it runs on every
+            call that reaches this implementation (after `supports_metadata`), so keep it
+            cheap, and rare.
         validates_values: the kernel itself checks everything the op's data-dependent
             `check_values` checks (index ranges, repeated slots) and raises InvalidInputError
             naming the op and argument before writing anything. Dispatch then skips the
@@ -114,7 +132,7 @@ class Backend:
                 raise PluginError(f"backend {self.name!r}: op {op!r} implemented twice")
             self._impls[op] = Impl(op, self, fn,
                                    None if dtypes is None else frozenset(dtypes), supports,
-                                   validates_values)
+                                   validates_values, supports_metadata)
             return fn
         return register
 

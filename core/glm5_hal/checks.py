@@ -6,7 +6,6 @@ for the few hand-written ones and serve the ops' data-dependent value checks.
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, NoReturn, Sequence
 
 import torch
@@ -66,16 +65,6 @@ def same_device(op: str, ref_arg: str, ref: torch.Tensor, **others: torch.Tensor
             fail(op, arg, f"a tensor on {device} (the device of '{ref_arg}')", f"device {t.device}")
 
 
-def same_dtype(op: str, ref_arg: str, ref: torch.Tensor, arg: str, t: torch.Tensor) -> None:
-    if t.dtype != ref.dtype:
-        fail(op, arg, f"dtype {_name(ref.dtype)} (the dtype of '{ref_arg}')", _name(t.dtype))
-
-
-def contiguous(op: str, arg: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        fail(op, arg, "a contiguous tensor", f"strides {list(t.stride())} for shape {list(t.shape)}")
-
-
 def is_paged(t: torch.Tensor) -> bool:
     """A paged cache [num_blocks, ...] an op writes in place: each block (the dims after the
     first) row-major contiguous, blocks not overlapping. Contiguous caches are paged; so is a
@@ -118,15 +107,6 @@ def integer(op: str, arg: str, v: object, *, min_value: int | None = None) -> in
     if min_value is not None and v < min_value:
         fail(op, arg, f"an int >= {min_value}", v)
     return v
-
-
-def number(op: str, arg: str, v: object, *, min_value: float | None = None,
-           exclusive_min: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        fail(op, arg, "a finite number", repr(v))
-    if min_value is not None and (v <= min_value if exclusive_min else v < min_value):
-        fail(op, arg, f"a number {'>' if exclusive_min else '>='} {min_value}", v)
-    return float(v)
 
 
 def choice(op: str, arg: str, v: object, options: Sequence[object]) -> None:

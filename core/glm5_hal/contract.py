@@ -1,6 +1,6 @@
 """An op's input contract, declared once and compiled into one straight-line check.
 
-Each op declares its arguments (`Tensor`, `Key`, `Int`, `Number`, `Bool`, `Choice`,
+Each op declares its arguments (`Tensor`, `Fp8Pair`, `Int`, `Number`, `Bool`, `Choice`,
 `DType`) and the relations between them (`Rule`); `compile_contract` turns that
 declaration into the source of a function with the op's parameters that raises
 `InvalidInputError` (op, argument, expected, actual) on the first violation and binds the
@@ -76,7 +76,7 @@ class Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class Key:
+class Fp8Pair:
     """Indexer keys: a float tensor of `like`'s dtype, or an FP8 pair (values
     float8_e4m3fn of `shape`, float32 scale of `shape` without its last dim). The torch
     schema splits the pair into two arguments, the second named `<arg>_scale`. The last
@@ -138,7 +138,7 @@ class Let:
     expression: str
 
 
-ArgSpec = Tensor | Key | Int | Number | Bool | Choice | DType | Unchecked
+ArgSpec = Tensor | Fp8Pair | Int | Number | Bool | Choice | DType | Unchecked
 
 #: call_key plan codes of a Tensor argument by (contiguous, optional)
 _TENSOR_CODES = {(False, False): "t", (True, False): "c", (False, True): "o", (True, True): "p"}
@@ -153,7 +153,7 @@ def key_scale_name(arg: str) -> str:
 class Compiled:
     """The generated check: `lines` (the body, indented for a function of the op's
     parameters), the names it needs bound in its namespace, and the local names it leaves
-    for the caller: the dispatch argument's device and dtype, and one bool per Key
+    for the caller: the dispatch argument's device and dtype, and one bool per Fp8Pair
     argument (True for an FP8 pair).
 
     `plan` says what the check reads from each parameter, for glm5_hal._C.call_key (one
@@ -194,7 +194,7 @@ class _Compiler:
         self.bound: set[str] = set()      # dim names and checked scalars known so far
         self.tensors: dict[str, str] = {}  # argument -> local holding its dtype
         self.device: str | None = None
-        tensors = [p for p in args if isinstance(args[p], (Tensor, Key))
+        tensors = [p for p in args if isinstance(args[p], (Tensor, Fp8Pair))
                    or (isinstance(args[p], Unchecked) and p == params[0])]
         if not tensors or tensors[0] != next(p for p in params if p in tensors):
             raise HalError(f"op {op}: the first declared tensor argument must be the first tensor "
@@ -226,8 +226,8 @@ class _Compiler:
                 if name == self.dispatch:   # the key still needs a device and a dtype
                     self.emit(f"_dev, _dt_{name} = {name}.device, {name}.dtype", 0)
                     self.device, self.tensors[name] = name, f"_dt_{name}"
-            elif isinstance(spec, Key):
-                self.key(name, spec)
+            elif isinstance(spec, Fp8Pair):
+                self.fp8_pair(name, spec)
             elif isinstance(spec, Tensor):
                 self.tensor(name, spec)
             else:
@@ -245,7 +245,7 @@ class _Compiler:
             spec = self.args[name]
             if isinstance(spec, Unchecked):
                 return None
-            if isinstance(spec, Key):
+            if isinstance(spec, Fp8Pair):
                 codes.append("k")
             elif isinstance(spec, Tensor):
                 if spec.paged:
@@ -382,7 +382,7 @@ class _Compiler:
             self.bound.add(dim)
 
     # -- keys ----------------------------------------------------------------------------
-    def key(self, name: str, spec: Key) -> None:
+    def fp8_pair(self, name: str, spec: Fp8Pair) -> None:
         dims = _split(spec.shape)
         last = dims[-1]
         if last not in self.bound:

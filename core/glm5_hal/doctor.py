@@ -150,10 +150,9 @@ def diagnose() -> dict:
     if not native.ok and torch_probe.ok:
         findings.append(f"the native extension glm5_hal._C does not import ({native.error}); "
                         f"reinstall glm5_hal (`pip install -e .`) so the cpu backend is available.")
-    elif native.ok and native.data.get("tensor_reading") != "tensor reader":
-        findings.append("dispatch reads tensor metadata through torch's Python getters (about 0.3 us "
-                        "more per tensor argument and call): glm5_hal._tensor_reader is not built or "
-                        "does not serve this torch; reinstall glm5_hal with torch installed "
+    elif native.ok and native.data.get("tensor_reading") != "getters":
+        findings.append("glm5_hal._C.call_key found none of torch.Tensor's C getters it reads metadata "
+                        "through: every op call runs its Python checks (several us). Reinstall glm5_hal "
                         "(`pip install --no-build-isolation -e .`) against the torch you run.")
 
     if report["torch"].get("version"):

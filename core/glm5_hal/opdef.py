@@ -6,18 +6,29 @@ parameters, defaults and torch schema come from the reference's annotated signat
 (`torch.library.infer_schema`; an FP8 key pair becomes two schema arguments); the contract
 (glm5_hal.contract) is compiled into the public function, so a call runs, inline:
 
-1. under `torch.compile` (or when autograd needs it) the torch custom op
-   `torch.ops.glm5_hal.<op>`, whose kernel is steps 2-3 and whose fake checks the inputs too;
+1. under a PyTorch transform (dynamo, a torch dispatch or function mode such as make_fx's or
+   FakeTensorMode, a functorch level: vmap, grad, jvp, functionalize; forward-mode AD;
+   torch.jit.trace; a tensor subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
+   kernel is steps 2-3 and whose fake checks the inputs too (under torch.func's grad / jvp a
+   differentiable op applies its autograd.Function, which functorch can take; under
+   functionalize an in-place op writes copies, see `_functionalized`);
 2. the metadata checks (raising InvalidInputError), which also yield the decision key
    (device, dtype of the first tensor argument, pinned backend, FP8-pair flags). They are a
    pure function of what glm5_hal._C.call_key reads (each tensor's dtype, device, sizes and the
    flags the check reads, the scalars with their types, the pin), so a call whose call key
    passed before skips them and takes the decision key remembered for it (`_admit`); a call
-   call_key cannot read exactly (a tensor subclass, a scalar of another type) runs them;
-3. one dict lookup for an implementation that needs nothing more per call; otherwise the
-   slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
+   call_key cannot read exactly (a tensor subclass, a scalar of another type) or made under a
+   transform (call_key gives no key then) runs them, then step 1 if it is transformed;
+3. the implementation remembered with the call key when one serves every call with that
+   call key (no per-call `supports` predicate, a metadata-only one accepted: `_remember`);
+   otherwise the slow path: the decision (made once per key by the dispatcher, glm5_hal.registry),
    per-call `supports` predicates in order, fallback accounting, the op's value checks
    unless the chosen kernel validates values itself, then the implementation.
+
+Three things are keys here, each named for what it is: an `Fp8Pair` argument (indexer keys,
+a tensor or an FP8 (values, scale) pair: glm5_hal.contract); the *decision key* (device, dtype,
+pin, FP8-pair flags: what the dispatcher decides once for); the *call key* (glm5_hal._C.call_key:
+all the metadata the check reads, under which a passed check is remembered).
 """
 from __future__ import annotations
 
@@ -30,9 +41,10 @@ import typing
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from .backend import REFERENCE, Backend, Impl, describe_args
-from .contract import ArgSpec, Compiled, Key, Rule, Tensor, compile_contract, key_scale_name
+from .contract import ArgSpec, Compiled, Fp8Pair, Rule, Tensor, compile_contract, key_scale_name
 from .errors import HalError, InvalidInputError
 
 NAMESPACE = "glm5_hal"
@@ -48,6 +60,11 @@ except ImportError:   # a source tree without the native extension: every call r
 #: call keys remembered per op (Op._remember)
 _PASSED_LIMIT = 1024
 _torch_function_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_levels = torch._C._are_functorch_transforms_active
+_jit_tracing = torch._C._get_tracing_state
+#: the tensor types the eager path serves itself (call_key reads exactly these)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _PIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("glm5_hal_pin", default=None)
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
@@ -63,8 +80,69 @@ def pinned(backend: str | None) -> Iterator[None]:
         _PIN.reset(token)
 
 
-def current_pin() -> str | None:
-    return _PIN.get()
+#: tensor subclasses and modes that emulate a device rather than transform a program
+#: (register_device_emulation)
+_DEVICE_EMULATION: set[type] = set()
+
+
+def register_device_emulation(*types: type) -> None:
+    """Declares tensor subclasses and torch function / dispatch modes that stand in for a
+    device (a test harness presenting CPU tensors as device tensors) rather than transform a
+    program: calls with them take the eager path, as calls with real device tensors do, so
+    that what the harness observes is that path."""
+    _DEVICE_EMULATION.update(types)
+
+
+def _transformed(*args: Any) -> bool:
+    """Whether a call must reach the op through torch's dispatcher (torch.ops.glm5_hal.*)
+    rather than the eager path: a PyTorch transform is active (a torch dispatch mode such as
+    FakeTensorMode or make_fx's proxy mode, a torch function mode, a functorch level: vmap,
+    grad, jvp, functionalize; forward-mode AD; torch.jit.trace; compiling or exporting), or a
+    tensor argument is a subclass (FakeTensor, FunctionalTensor, ...). Such tensors may be
+    wrappers without data of their own, and the transform must see the op to trace, batch or
+    differentiate it. Device emulation (register_device_emulation) is not a transform."""
+    if (_functorch_levels() or _forward_ad._current_level >= 0 or torch.compiler.is_compiling()
+            or _jit_tracing() is not None):
+        return True
+    if _dispatch_modes() and not _emulation_only(_dispatch_mode_stack()):
+        return True
+    if _torch_function_mode() and not _emulation_only(_function_mode_stack()):
+        return True
+    for a in args:
+        for t in (a if isinstance(a, (tuple, list)) else (a,)):
+            if isinstance(t, torch.Tensor) and type(t) not in _PLAIN_TENSORS \
+                    and type(t) not in _DEVICE_EMULATION:
+                return True
+    return False
+
+
+def _emulation_only(modes: list) -> bool:
+    return bool(_DEVICE_EMULATION) and all(type(m) in _DEVICE_EMULATION for m in modes)
+
+
+def _dispatch_mode_stack() -> list:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    return _get_current_dispatch_mode_stack()
+
+
+def _function_mode_stack() -> list:
+    from torch.overrides import _get_current_function_mode_stack
+    return _get_current_function_mode_stack()
+
+
+_FUNCTIONALIZE = torch._C._functorch.TransformType.Functionalize
+_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+
+
+def _innermost_transform() -> Any:
+    """The innermost functorch transform's TransformType (None outside functorch)."""
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    return None if interpreter is None else interpreter.key()
+
+
+def _differentiating() -> bool:
+    """Whether the innermost functorch transform differentiates (grad, vjp, jvp, ...)."""
+    return _innermost_transform() in _DIFFERENTIATING
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +203,7 @@ class Explanation:
 def define(reference: Callable, *, args: dict[str, ArgSpec], fake: Callable,
            rules: Sequence[Rule] = (), check_values: Callable[..., None] | None = None,
            mutates: Sequence[str] = (), differentiable: bool = False,
-           autograd: tuple[Callable, Callable] | None = None, doc: str | None = None,
+           autograd: tuple[Callable, ...] | None = None, doc: str | None = None,
            name: str | None = None) -> Callable:
     """Defines an op and returns its public function.
 
@@ -139,6 +217,9 @@ def define(reference: Callable, *, args: dict[str, ArgSpec], fake: Callable,
     mutates: the arguments written in place.
     differentiable: the op has a backward; unless `autograd` gives one, it is the
         vector-Jacobian product of the reference (recomputed in the backward pass).
+    autograd: (backward, setup_context[, jvp]) as for torch.library.register_autograd, plus
+        the forward-mode rule `jvp(inputs, tangents) -> output tangent(s)` (None: the
+        reference's Jacobian-vector product, which must then agree with `backward`).
     doc: the public function's docstring: every argument's shape and dtype, and the result.
     """
     op = Op(name or reference.__name__, reference, args, rules, fake, check_values, mutates,
@@ -174,7 +255,7 @@ class Op:
     def __init__(self, name: str, reference: Callable, args: dict[str, ArgSpec],
                  rules: Sequence[Rule], fake: Callable, check_values: Callable[..., None] | None,
                  mutates: Sequence[str], differentiable: bool,
-                 autograd: tuple[Callable, Callable] | None) -> None:
+                 autograd: tuple[Callable, ...] | None) -> None:
         self.name = name
         self.reference = reference
         self.fake = fake
@@ -184,15 +265,17 @@ class Op:
         self.signature = inspect.signature(reference)
         self.params = tuple(self.signature.parameters)
         self.contract: Compiled = compile_contract(name, self.params, args, rules)
-        self.pairs = tuple(p for p in self.params if isinstance(args[p], Key))
+        self.pairs = tuple(p for p in self.params if isinstance(args[p], Fp8Pair))
         self.schema = _infer_schema(name, reference, self.signature, self.pairs, mutates)
         self._direct: dict[tuple, Callable] = {}
         self._decisions: dict[tuple, Decision] = {}
         self._passed: dict[tuple, tuple] = {}
-        self._grad_args = tuple(p for p in self.params if isinstance(args[p], (Tensor, Key)))
+        self._grad_args = tuple(p for p in self.params if isinstance(args[p], (Tensor, Fp8Pair)))
         self._optional = frozenset(p for p in self.params
                                    if isinstance(args[p], Tensor) and args[p].optional)
         self.check, self.public, self.kernel = self._generate()
+        self._function: type[torch.autograd.Function] | None = None
+        self._functionalized: Callable | None = None
         self._register_torch_op(mutates, autograd)
         self.torch_op = getattr(getattr(torch.ops, NAMESPACE), name).default
 
@@ -213,39 +296,63 @@ class Op:
         flat = ", ".join(self.torch_params())
         join = [f"    {p} = {p} if {key_scale_name(p)} is None else ({p}, {key_scale_name(p)})"
                 for p in self.pairs]
+        # dynamo traces this function's bytecode: it must see the custom op, not call_key
         head = [f"def {self.name}({defaults}):",
-                "    if _is_compiling():",
-                f"        return _via_torch({params})"]
+                "    if _dynamo_compiling():",
+                f"        return _torch_call({params})"]
+        # under a transform (a dispatch or function mode, a functorch level, a tensor subclass)
+        # the call goes through torch's dispatcher, after the same checks
+        transformed = [f"    if _transformed({params}):", f"        return _via_torch({params})"]
         if c.plan is not None and _call_key is not None:
-            # a call whose metadata (its call key) passed the check before skips it (see _admit)
+            # a call whose metadata (its call key) passed the check before skips it (see
+            # _admit); call_key gives no key under a transform
             plan = c.plan.upper() if self.differentiable else c.plan
-            checked = [f"    _hit = _passed_get(_call_key({plan!r}, _pin(), {params}))",
+            lookup = [f"    _hit = _passed_get(_call_key({plan!r}, _pin(), {params}))"]
+            # the hit remembers, per call key, the decision key, whether the call needs
+            # autograd, and the implementation when one serves every call with that key
+            remembered = ["    if _fn is not None:",
+                          f"        return _fn({params})",
+                          f"    return _slow(_key, {call})"]
+            checked = [*lookup,
                        "    if _hit is None:",
-                       f"        _hit = _admit({params})",
-                       "    _key, _needs_grad = _hit"]
+                       f"        return _unkeyed({params})",
+                       "    _key, _needs_grad, _fn = _hit"]
+            kernel_checked = [*lookup,
+                              "    if _hit is None:",
+                              f"        _hit = _admit({params})",
+                              "    _key, _needs_grad, _fn = _hit"]
             grad = ["    if _needs_grad and _grad_enabled():", f"        return _via_torch({params})"]
             admit = ["", f"def _admit({params}):", *body,
                      f"    _key = {key}",
-                     f"    _hit = (_key, {needs_grad or 'False'})",
-                     f"    _remember(_call_key({plan!r}, _key[2], {params}), _hit)",
-                     "    return _hit"]
+                     f"    return _remember(_call_key({plan!r}, _key[2], {params}), _key, "
+                     f"{needs_grad or 'False'}, {call})",
+                     "",
+                     f"def _unkeyed({params}):",
+                     f"    _key, _needs_grad, _fn = _admit({params})",
+                     *transformed,
+                     *(grad if self.differentiable else []), *remembered]
         else:
-            checked = [*body, f"    _key = {key}"]
+            remembered = decide
+            checked = [*body, f"    _key = {key}", *transformed]
+            kernel_checked = [*body, f"    _key = {key}"]
             grad = [f"    if _grad_enabled() and ({needs_grad}):", f"        return _via_torch({params})"]
             admit = []
         source = "\n".join([
             f"def check({params}):", *body, f"    return {_key_without_pin(key)}",
             "",
-            *head, *checked, *(grad if self.differentiable else []), *decide,
+            *head, *checked, *(grad if self.differentiable else []), *(remembered if admit else decide),
             *admit,
             "",
-            f"def kernel({flat}):",   # the torch custom op's kernel: autograd is torch's there
-            *join, *checked, *decide,
+            # the torch custom op's kernel: torch's dispatcher has applied any transform and
+            # autograd by the time it runs, so it goes straight to the implementation
+            f"def kernel({flat}):",
+            *join, *kernel_checked, *(remembered if admit else decide),
         ])
         ns = dict(c.namespace)
-        ns.update(_is_compiling=torch.compiler.is_compiling, _grad_enabled=torch.is_grad_enabled,
+        ns.update(_dynamo_compiling=torch.compiler.is_dynamo_compiling, _transformed=_transformed,
+                  _grad_enabled=torch.is_grad_enabled,
                   _pin=_PIN.get, _direct_get=self._direct.get, _slow=self.slow,
-                  _via_torch=self.via_torch, _call_key=_call_key, _passed_get=self._passed.get,
+                  _via_torch=self.via_torch, _torch_call=self.torch_call, _call_key=_call_key, _passed_get=self._passed.get,
                   _remember=self._remember)
         ns.update({f"_default_{p.name}": p.default for p in self.signature.parameters.values()
                    if p.default is not inspect.Parameter.empty})
@@ -257,17 +364,46 @@ class Op:
         public.op = self
         return ns["check"], public, ns["kernel"]
 
-    def _remember(self, call_key: tuple | None, hit: tuple) -> None:
-        """Keeps `hit` (the decision key and whether the call needs autograd) for calls with
-        this call key, which passed the check. Bounded: shapes that change every call (a
-        growing context) start it over rather than grow it."""
+    def _remember(self, call_key: tuple | None, key: tuple, needs_grad: bool, args: tuple) -> tuple:
+        """The hit for a call that passed the check: (decision key, whether it needs
+        autograd, the implementation serving every call with this call key or None), kept for
+        calls with the same call key. Bounded: shapes that change every call (a growing
+        context) start it over rather than grow it."""
         if call_key is None or _torch_function_mode():
-            # under a torch function mode the check read what the mode answered for the
-            # tensors, which the key (read from the tensors themselves) need not match
-            return
+            # no key; or, under a torch function mode, the check read what the mode answered
+            # for the tensors, which the key (read from the tensors themselves) need not match
+            return key, needs_grad, None
+        hit = (key, needs_grad, self._implementation_for(key, args))
         if len(self._passed) >= _PASSED_LIMIT:
             self._passed.clear()
         self._passed[call_key] = hit
+        return hit
+
+    def _implementation_for(self, key: tuple, args: tuple) -> Callable | None:
+        """The function every call with these arguments' call key gets, if that needs nothing
+        per call: the first candidate whose metadata-only predicate (`supports_metadata`,
+        a function of what the call key holds) accepts, with the op's value checks in front
+        where they run. None where a call needs more: a per-call `supports` predicate on the
+        way, or a rejection (fallback accounting and warnings count calls)."""
+        try:
+            decision = self.decision(key)
+        except HalError:
+            return None   # the slow path raises it, in its place
+        direct = self._direct.get(key)
+        if direct is not None:
+            return direct
+        if decision.static_rejections:
+            return None
+        for impl in decision.candidates:
+            if impl.needs_per_call_check:
+                return None
+            if impl.supports_metadata is not None and _verdict(impl.supports_metadata, args) is not True:
+                return None
+            fn = impl.fn
+            if decision.check_values is not None and not impl.validates_values:
+                fn = _values_checked(decision.check_values, fn)
+            return fn
+        return None
 
     def _requires_grad(self, p: str) -> str:
         if p in self.pairs:
@@ -310,7 +446,18 @@ class Op:
             args.append(a)
         return tuple(args)
 
+    def torch_call(self, *args: Any) -> Any:
+        """The call through torch.ops.glm5_hal.<op> (what dynamo traces)."""
+        return self.torch_op(*self.to_torch(args))
+
     def via_torch(self, *args: Any) -> Any:
+        """The call through torch's dispatcher (torch.ops.glm5_hal.<op>); under functorch or
+        forward-mode AD a differentiable op applies its autograd.Function instead, above the
+        dispatcher, where functorch can take it."""
+        if self._function is not None and (_forward_ad._current_level >= 0 or _differentiating()):
+            return self._function.apply(*self.to_torch(args))
+        if self._functionalized is not None and _innermost_transform() == _FUNCTIONALIZE:
+            return self._functionalized(*self.to_torch(args))
         return self.torch_op(*self.to_torch(args))
 
     def _register_torch_op(self, mutates: Sequence[str], autograd) -> None:
@@ -324,10 +471,16 @@ class Op:
             return self.fake(*args)
 
         torch.library.register_fake(qualname, fake, lib=_LIBRARY)
+        if mutates:
+            # torch's generic fallbacks refuse ops that write their arguments
+            written = [self.torch_params().index(p) for p in mutates]
+            torch.library.register_vmap(qualname, _looped_vmap(self, written), lib=_LIBRARY)
+            self._functionalized = _functionalized(self, written)
         if self.differentiable:
-            backward, setup_context = autograd or _reference_vjp(self)
+            backward, setup_context, *jvp = autograd or _reference_vjp(self)
             torch.library.register_autograd(qualname, backward, setup_context=setup_context,
                                             lib=_LIBRARY)
+            self._function = _autograd_function(self, backward, setup_context, *jvp)
 
     # -- dispatch ------------------------------------------------------------------------------
     def slow(self, key: tuple, args: tuple) -> Any:
@@ -346,7 +499,7 @@ class Op:
             first = decision.candidates[0]
             falls_back = (first.backend.name == REFERENCE and decision.vendor_available
                           and bool(decision.static_rejections))
-            if first.supports is None and not falls_back:
+            if first.supports is None and first.supports_metadata is None and not falls_back:
                 fn = first.fn
                 if decision.check_values is not None and not first.validates_values:
                     fn = _values_checked(decision.check_values, fn)
@@ -387,17 +540,25 @@ def select(decision: Decision, args: tuple) -> tuple[Impl, list[tuple[Backend, s
     """The implementation a call gets, and every rejection on the way (static ones first)."""
     rejections = list(decision.static_rejections)
     for impl in decision.candidates:
-        if impl.supports is None:
-            return impl, rejections
-        try:
-            verdict = impl.supports(*args)
-        except Exception as exc:
-            verdict = f"supports() raised {type(exc).__name__}: {exc}"
+        verdict: Any = True
+        for predicate in (impl.supports_metadata, impl.supports):
+            if predicate is not None and verdict is True:
+                verdict = _verdict(predicate, args)
         if verdict is True:
             return impl, rejections
-        rejections.append((impl.backend, verdict if isinstance(verdict, str)
-                           else f"supports() returned {verdict!r}"))
+        rejections.append((impl.backend, verdict))
     raise AssertionError("the reference implementation is always the last candidate")
+
+
+def _verdict(predicate: Callable, args: tuple) -> "bool | str":
+    """A predicate's verdict on a call: True, or the reason it declines (raising declines)."""
+    try:
+        verdict = predicate(*args)
+    except Exception as exc:
+        return f"supports() raised {type(exc).__name__}: {exc}"
+    if verdict is True or isinstance(verdict, str):
+        return verdict
+    return f"supports() returned {verdict!r}"
 
 
 def signature_mismatch(op: Op, fn: Callable) -> str | None:
@@ -469,6 +630,131 @@ def _stub(signature: inspect.Signature) -> Callable:
     return stub
 
 
+def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
+                       jvp: Callable | None = None) -> type[torch.autograd.Function]:
+    """The op's autograd.Function for functorch (torch.func.grad, vjp, jvp, and vmap over
+    them) and forward-mode AD: `Op.via_torch` applies it there, above torch's dispatcher.
+    torch.library.register_autograd's kernel serves plain autograd, torch.compile and export,
+    but its generated Function lacks setup_context and jvp, which functorch needs. Backward and
+    setup_context are the op's (`autograd`), the forward-mode rule is `jvp(inputs, tangents)`
+    when given, else the reference's; the vmap rule is generated from the forward (the batched
+    custom op)."""
+    jvp = jvp or _reference_jvp(op)
+
+    class Function(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(*flat):
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.torch_op(*flat)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            setup_context(ctx, inputs, output)
+            ctx.jvp_is_tensor = [isinstance(a, torch.Tensor) for a in inputs]
+            ctx.jvp_values = [None if t else a for t, a in zip(ctx.jvp_is_tensor, inputs)]
+            ctx.save_for_forward(*[a for a in inputs if isinstance(a, torch.Tensor)])
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return backward(ctx, *grads)
+
+        @staticmethod
+        def jvp(ctx, *tangents):
+            saved = iter(ctx.saved_tensors)
+            inputs = [next(saved) if t else v for t, v in zip(ctx.jvp_is_tensor, ctx.jvp_values)]
+            return jvp(tuple(inputs), tangents)
+
+    Function.__name__ = Function.__qualname__ = f"{op.name}_autograd"
+    return Function
+
+
+def _looped_vmap(op: Op, written: list[int]) -> Callable:
+    """The vmap rule of an op that writes arguments: the op on each example in turn (the
+    written arguments must be batched, as for torch's own in-place ops)."""
+
+    def rule(info, in_dims, *flat):
+        for i in written:
+            if in_dims[i] is None:
+                raise InvalidInputError(
+                    f"{op.name}: argument '{op.torch_params()[i]}': expected a batched tensor under "
+                    f"vmap (it is written in place with batched inputs), got an unbatched one")
+        for b in range(info.batch_size):
+            op.torch_op(*[a if d is None else a.select(d, b) for a, d in zip(flat, in_dims)])
+        return None, None
+    return rule
+
+
+def _functionalized(op: Op, written: list[int]) -> Callable:
+    """An op that writes arguments under torch.func.functionalize (torch's functionalization
+    fallback refuses custom ops that write their arguments; a Functionalize kernel would also
+    take the place of torch.compile's auto_functionalize): the op writes fresh copies of them
+    one level down, and the copies become the functional tensors' new values."""
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+
+    def call(*flat):
+        plain = []
+        for a in flat:
+            if isinstance(a, torch.Tensor) and torch._is_functional_tensor(a):
+                torch._functionalize_sync(a)
+                a = torch._from_functional_tensor(a)
+            plain.append(a)
+        for i in written:
+            plain[i] = plain[i].clone()
+        with retrieve_current_functorch_interpreter().lower():
+            op.torch_op(*plain)
+        for i in written:
+            torch._functionalize_replace(flat[i], plain[i])
+            torch._functionalize_commit_update(flat[i])
+    return call
+
+
+def _reference_jvp(op: Op) -> Callable:
+    """A forward-mode rule for `op`: the Jacobian-vector product of its reference with respect
+    to every floating-point tensor input that has a tangent."""
+
+    def jvp(flat: tuple, tangents: tuple) -> Any:
+        wanted = [i for i, (a, t) in enumerate(zip(flat, tangents)) if t is not None
+                  and isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+        def reference(*primals):
+            args = list(flat)
+            for i, p in zip(wanted, primals):
+                args[i] = p
+            return op.reference(*op.from_torch(tuple(args)))
+        primals, directions = tuple(flat[i] for i in wanted), tuple(tangents[i] for i in wanted)
+        if _functorch_levels():
+            out, tangent = torch.func.jvp(reference, primals, directions)
+        else:   # eager forward-mode AD, which does not nest: the transpose of the VJP
+            out, tangent = _jvp_by_double_vjp(reference, primals, directions)
+        if not isinstance(out, tuple):
+            return tangent
+        # an integer output (indices) is not differentiable: no tangent
+        return tuple(t if o.is_floating_point() else None for o, t in zip(out, tangent))
+    return jvp
+
+
+def _jvp_by_double_vjp(fn: Callable, primals: tuple, directions: tuple) -> tuple[Any, Any]:
+    """fn(*primals) and its Jacobian-vector product along `directions`, by reverse mode only:
+    the VJP u -> J^T u is linear in u, and its VJP along the directions is J t."""
+    with torch.enable_grad():
+        xs = [p.detach().requires_grad_() for p in primals]
+        out = fn(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        diff = [k for k, o in enumerate(outs) if o.is_floating_point() and o.requires_grad]
+        us = [torch.zeros_like(outs[k], requires_grad=True) for k in diff]
+        grads = torch.autograd.grad([outs[k] for k in diff], xs, us, create_graph=True, allow_unused=True)
+        used = [(g, d) for g, d in zip(grads, directions) if g is not None]
+        jt = (torch.autograd.grad([g for g, _ in used], us, [d for _, d in used], allow_unused=True)
+              if used else [None] * len(us))
+    tangent: list[Any] = [None] * len(outs)
+    for k, t in zip(diff, jt):
+        tangent[k] = torch.zeros_like(outs[k]) if t is None else t.detach()
+    out = tuple(o.detach() for o in outs) if isinstance(out, tuple) else outs[0].detach()
+    return out, (tuple(tangent) if isinstance(out, tuple) else tangent[0])
+
+
 def _reference_vjp(op: Op) -> tuple[Callable, Callable]:
     """A backward for `op` that recomputes its reference under autograd and returns the
     vector-Jacobian product with respect to every floating-point tensor input."""
@@ -486,6 +772,8 @@ def _reference_vjp(op: Op) -> tuple[Callable, Callable]:
         result: list[Any] = [None] * len(flat)
         if not wanted:
             return tuple(result)
+        if _functorch_levels():   # inside torch.func.grad / vjp: requires_grad_ is not allowed
+            return _functorch_vjp(op, flat, wanted, grads, result)
         with torch.enable_grad():
             for i in wanted:
                 flat[i] = flat[i].detach().requires_grad_()
@@ -501,3 +789,23 @@ def _reference_vjp(op: Op) -> tuple[Callable, Callable]:
         return tuple(result)
 
     return backward, setup_context
+
+
+def _functorch_vjp(op: Op, flat: list, wanted: list[int], grads: tuple, result: list) -> tuple:
+    """`_reference_vjp`'s backward through torch.func.vjp (under a functorch transform)."""
+    keep = [j for j, g in enumerate(grads) if isinstance(g, torch.Tensor) and g.is_floating_point()]
+    if not keep:
+        return tuple(result)
+
+    def reference(*primals):
+        args = list(flat)
+        for i, p in zip(wanted, primals):
+            args[i] = p
+        out = op.reference(*op.from_torch(tuple(args)))
+        outs = out if isinstance(out, tuple) else (out,)
+        return tuple(outs[j] for j in keep)
+
+    _, pullback = torch.func.vjp(reference, *[flat[i] for i in wanted])
+    for i, g in zip(wanted, pullback(tuple(grads[j] for j in keep))):
+        result[i] = g
+    return tuple(result)

@@ -145,10 +145,6 @@ class PluginHost:
             return PluginOutcome(name, source, [], _describe(exc, "glm5_hal_register_backends raised"))
         return PluginOutcome(name, source, collected)
 
-    def unload(self, name: str) -> None:
-        if self.pm.has_plugin(name):
-            self.pm.unregister(name=name)
-
 
 def _check_backend(backend: Any, plugin: str, taken: set[str]) -> None:
     where = f"plugin {plugin!r}"

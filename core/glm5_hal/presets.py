@@ -1,5 +1,5 @@
-"""Model dimensions (OPS.md section 1) shared by the conformance cases, the benchmarks and
-the small model: GLM-5's real per-layer shapes, with DeepSeek-V3.2's for comparison."""
+"""Model dimensions (GLM-5's configuration, docs/models.md) shared by the conformance cases,
+the benchmarks and the small model: GLM-5's real per-layer shapes, with DeepSeek-V3.2's for comparison."""
 from __future__ import annotations
 
 import dataclasses

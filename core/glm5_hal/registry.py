@@ -17,6 +17,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterator
@@ -230,7 +231,24 @@ class Registry:
             if k not in self._warned:
                 self._warned.add(k)
                 warnings.warn(f"glm5_hal: {op.name} runs the reference implementation: backend "
-                              f"{backend.name!r} declined: {reason}", FallbackWarning, stacklevel=5)
+                              f"{backend.name!r} declined: {reason}", FallbackWarning,
+                              stacklevel=_caller_stacklevel())
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel, called from here, that names the first frame outside
+    dispatch (this module, glm5_hal.opdef, the generated op functions, and torch's own frames
+    when the call went through torch.ops): the caller's line, however many dispatch frames
+    the call went through."""
+    internal = (__file__, opdef.__file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename in internal
+                                 or frame.f_code.co_filename.startswith(("<glm5_hal op", _TORCH_DIR))):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def validate_backend(backend: Backend) -> None:

@@ -60,12 +60,15 @@ class Adapter:
     dtypes: Iterable | None = None
     supports: Callable | None = None
     validates_values: bool = False
+    supports_metadata: Callable | None = None   # see Backend.impl: evaluated once per call key
 
     def bind(self, backend: Backend) -> None:
         """Declares `fn` with `backend` bound as `backend`'s implementation of `op`."""
-        supports = None if self.supports is None else functools.partial(self.supports, backend)
-        backend.impl(self.op, dtypes=self.dtypes, supports=supports,
-                     validates_values=self.validates_values)(functools.partial(self.fn, backend))
+        def bound(predicate: Callable | None) -> Callable | None:
+            return None if predicate is None else functools.partial(predicate, backend)
+        backend.impl(self.op, dtypes=self.dtypes, supports=bound(self.supports),
+                     validates_values=self.validates_values,
+                     supports_metadata=bound(self.supports_metadata))(functools.partial(self.fn, backend))
 
 
 @dataclasses.dataclass(frozen=True)

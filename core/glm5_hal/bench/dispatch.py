@@ -10,9 +10,15 @@ rounds of the per-round difference. A difference of two calls of tens to hundred
 microseconds still moves by a few on a loaded machine, so the HAL's own cost is also measured
 without a kernel: pinned to a stub backend whose implementations return at once and leave the
 value checks to dispatch ("stub us", the most a pinned call can add: every check, no kernel).
-`torch.ops` is the same call through the torch custom op, for comparison."""
+The same stub shaped as a vendor backend (each implementation a `vendor_backend.Adapter` bound
+to the backend, with a predicate of the kind vendor adapters declare: a `first_reason` chain over
+the call's dtypes and shapes) is timed twice: with the predicate as `supports_metadata`
+("vendor us": evaluated once per call key and remembered with the implementation) and as a
+per-call `supports` ("per-call supports us": run on every call). `torch.ops` is the same call
+through the torch custom op, for comparison."""
 from __future__ import annotations
 
+import inspect
 import statistics
 import types
 
@@ -41,8 +47,12 @@ def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None 
         inputs = {op: by_op[op].make() for op in wanted}
         rows = [_measure_op(op, inputs[op], backend, repeats, min_time) for op in wanted]
         stub = _stub_overheads(inputs, repeats, min_time)
+        vendor = _stub_overheads(inputs, repeats, min_time, predicate="metadata")
+        per_call = _stub_overheads(inputs, repeats, min_time, predicate="per_call")
         for row in rows:
             row["stub_overhead_us"] = stub[row["op"]]
+            row["vendor_stub_overhead_us"] = vendor[row["op"]]
+            row["per_call_supports_overhead_us"] = per_call[row["op"]]
         return rows
     finally:
         torch.set_num_threads(threads)
@@ -51,12 +61,17 @@ def measure(ops: tuple[str, ...] | list[str] | None = None, backend: str | None 
 STUB = "dispatch_stub"
 
 
-def _stub_overheads(inputs: dict[str, tuple], repeats: int, min_time: float) -> dict[str, float]:
+def _stub_overheads(inputs: dict[str, tuple], repeats: int, min_time: float,
+                    predicate: str | None = None) -> dict[str, float]:
     """Per op, microseconds a call through glm5_hal.ops pinned to a stub backend adds over a
     direct call of the stub (which returns None at once): the call key, the decision lookup
     and the value checks (the stub does not validate values), with no kernel time to blur it;
-    the fastest of the interleaved rounds of each, since load on the machine only adds."""
+    the fastest of the interleaved rounds of each, since load on the machine only adds.
+    predicate: None (plain implementations), or the stub as a vendor backend, its adapters
+    declaring `_vendor_like_predicate` as "metadata" (`supports_metadata`) or "per_call"
+    (`supports`)."""
     from ..opdef import lookup
+    from ..vendor_backend import Adapter
 
     class DispatchStub(Backend):
         name, device_type, priority = STUB, "cpu", -10**6
@@ -67,11 +82,20 @@ def _stub_overheads(inputs: dict[str, tuple], repeats: int, min_time: float) -> 
     stub = DispatchStub()
     for op in inputs:
         signature = lookup(op).signature
+        if predicate is None:
+            def returns(*args):
+                return None
+            returns.__signature__ = signature
+            stub.impl(op)(returns)
+            continue
 
-        def returns(*args):
+        def adapted(backend, *args):
             return None
-        returns.__signature__ = signature
-        stub.impl(op)(returns)
+        adapted.__signature__ = signature.replace(parameters=[
+            inspect.Parameter("backend", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *signature.parameters.values()])
+        key = "supports_metadata" if predicate == "metadata" else "supports"
+        Adapter(op, adapted, **{key: _vendor_like_predicate}).bind(stub)
     plugin = types.ModuleType(STUB)
     plugin.glm5_hal_register_backends = hal.hookimpl(lambda register: register(stub))
     hal.load_plugin(plugin, STUB)
@@ -93,6 +117,21 @@ def _stub_overheads(inputs: dict[str, tuple], repeats: int, min_time: float) -> 
         return out
     finally:
         hal.unload_plugin(STUB)
+
+
+def _vendor_like_predicate(backend: Backend, *args) -> "bool | str":
+    """What a vendor adapter's predicate typically reads: the first tensor's dtype, rank and
+    last dim, the tensors' devices, through a chain of checks."""
+    from ..vendor_backend import first_reason
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    first = tensors[0]
+    return first_reason(
+        lambda: None if first.dtype in _STUB_DTYPES else f"dtype {first.dtype}",
+        lambda: None if first.dim() >= 1 and first.shape[-1] < 2**20 else "a last dim beyond the kernel's",
+        lambda: None if all(t.device == first.device for t in tensors) else "tensors on several devices")
+
+
+_STUB_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
 
 
 def _measure_op(op_name: str, args: tuple, backend: str | None, repeats: int, min_time: float) -> dict:
@@ -130,9 +169,12 @@ class _no_pin:
 
 def format_rows(rows: list[dict]) -> str:
     lines = [f"{'op':<24} {'implementation':<32} {'direct us':>10} {'hal.ops us':>11} "
-             f"{'overhead us':>12} {'pinned us':>10} {'value checks us':>16} {'stub us':>8} {'torch.ops us':>13}"]
+             f"{'overhead us':>12} {'pinned us':>10} {'value checks us':>16} {'stub us':>8} "
+             f"{'vendor us':>10} {'per-call supports us':>21} {'torch.ops us':>13}"]
     for r in rows:
         lines.append(f"{r['op']:<24} {r['chosen']:<32} {r['direct_us']:>10.2f} {r['hal_us']:>11.2f} "
                      f"{r['overhead_us']:>12.2f} {r['pinned_overhead_us']:>10.2f} "
-                     f"{r['value_checks_us']:>16.2f} {r['stub_overhead_us']:>8.2f} {r['torch_ops_us']:>13.2f}")
+                     f"{r['value_checks_us']:>16.2f} {r['stub_overhead_us']:>8.2f} "
+                     f"{r['vendor_stub_overhead_us']:>10.2f} {r['per_call_supports_overhead_us']:>21.2f} "
+                     f"{r['torch_ops_us']:>13.2f}")
     return "\n".join(lines)

@@ -37,15 +37,6 @@ def batch_times(fn: Callable[[], object], *, min_time: float = 0.2, repeats: int
     return samples
 
 
-def paired_times(fns: list[Callable[[], object]], *, min_time: float = 0.2, repeats: int = 9,
-                 warmup: int = 3) -> list[float]:
-    """Seconds per call of each of `fns`, measured in interleaved batches (one batch of each
-    per round, so load that comes and goes hits them alike): for each function, the median
-    over the rounds. To compare two of them, prefer `paired_difference`."""
-    return [statistics.median(s) for s in paired_samples(fns, min_time=min_time, repeats=repeats,
-                                                         warmup=warmup)]
-
-
 def paired_difference(samples: list[list[float]], a: int, b: int) -> float:
     """The median over the rounds of `paired_samples` of (fns[a] - fns[b]): load that changes
     between rounds cancels out of each difference."""

@@ -19,7 +19,7 @@ Resolve = Callable[[str], torch.Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Dequant:
-    """`q.float() * scale`, one scale per block of the last dim (OPS.md section 3).
+    """`q.float() * scale`, one scale per block of the last dim (docs/ops/quant.md).
 
     The block size follows from the shapes: `scale` has q's leading dims and
     `q.shape[-1] / block` blocks (`fp8_block_quant`), or one dim less with one scale per
@@ -45,7 +45,7 @@ class Fp8Dequant:
 @dataclasses.dataclass(frozen=True)
 class Int4Dequant:
     """`int4_unpack`: element `8j + i` of a row is bits `4i..4i+3` of `packed[:, j]`, stored
-    as `q + 8`; the value is `q * scale[:, k // group_size]` (OPS.md section 3)."""
+    as `q + 8`; the value is `q * scale[:, k // group_size]` (docs/ops/quant.md)."""
     scale: str
     group_size: int
     tolerance_dtype = torch.float32

@@ -1,4 +1,4 @@
-"""Collectives and expert-parallel MoE dispatch over torch.distributed (OPS.md section 7).
+"""Collectives and expert-parallel MoE dispatch over torch.distributed (docs/distributed.md).
 
     import glm5_hal as hal
     hal.dist.init_process_group()            # backend from the device: gloo, hccl, nccl, ...

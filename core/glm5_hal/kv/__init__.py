@@ -1,4 +1,4 @@
-"""Paged KV cache bookkeeping (OPS.md section 6): a reference-counted block pool and
+"""Paged KV cache bookkeeping (docs/ops/kv.md): a reference-counted block pool and
 per-sequence block tables that produce the slot mappings and block tables the kv ops take.
 
     import glm5_hal as hal

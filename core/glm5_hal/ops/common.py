@@ -1,4 +1,4 @@
-"""Elementwise / small ops (OPS.md section 2)."""
+"""Elementwise / small ops (docs/ops/common.md)."""
 from __future__ import annotations
 
 import torch
@@ -50,13 +50,19 @@ def _rope_backward(ctx, grad):
     return apply_rope.op.torch_op(grad, -positions, ctx.theta, ctx.interleaved), None, None, None
 
 
+def _rope_jvp(inputs, tangents):
+    # linear in x: the tangent is the op applied to x's tangent
+    x, positions, theta, interleaved = inputs
+    return None if tangents[0] is None else apply_rope.op.torch_op(tangents[0], positions, theta, interleaved)
+
+
 apply_rope = define(
     ref.apply_rope,
     args=dict(x=Tensor("T, H, R", FLOAT), positions=Tensor("T", SLOT_DTYPES),
               theta=Number(gt=0.0), interleaved=Bool()),
     rules=[Rule("x", "R >= 2 and R % 2 == 0", "an even rotary dim R >= 2 in the last dim of [T, H, R]")],
     fake=lambda x, positions, theta, interleaved: torch.empty_like(x),
-    autograd=(_rope_backward, _setup_rope_backward),
+    autograd=(_rope_backward, _setup_rope_backward, _rope_jvp),
     doc="""Rotary position embedding of the last dim (callers pass the rope slice).
 
     x:           [T, H, R] bfloat16 | float16 | float32, R even
@@ -78,12 +84,16 @@ def _hadamard_backward(ctx, grad):
     return hadamard_transform.op.torch_op(grad, ctx.scale), None
 
 
+def _hadamard_jvp(inputs, tangents):
+    return None if tangents[0] is None else hadamard_transform.op.torch_op(tangents[0], inputs[1])
+
+
 hadamard_transform = define(
     ref.hadamard_transform,
     args=dict(x=Tensor("..., D", FLOAT), scale=Number()),
     rules=[Rule("x", "is_power_of_two(D)", "a last dim D that is a power of two (1, 2, 4, ...)")],
     fake=lambda x, scale: torch.empty_like(x),
-    autograd=(_hadamard_backward, _setup_hadamard_backward),
+    autograd=(_hadamard_backward, _setup_hadamard_backward, _hadamard_jvp),
     doc="""Walsh-Hadamard rotation of the last dim.
 
     x:      [..., D] bfloat16 | float16 | float32, D a power of two

@@ -1,4 +1,4 @@
-"""DSA ops (OPS.md section 4): the lightning indexer (logits, top-k, paged top-k) and MLA
+"""DSA ops (docs/ops/dsa.md): the lightning indexer (logits, top-k, paged top-k) and MLA
 attention in absorbed (MQA) mode over sparse indices, sparse paged decode and dense paged
 decode."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from .. import checks as C
 from .. import reference as ref
 from ..checks import FLOAT_DTYPES as FLOAT, INDEX_DTYPES as INDEX
-from ..contract import Int, Key, Number, Rule, Tensor
+from ..contract import Fp8Pair, Int, Number, Rule, Tensor
 from ..opdef import define, defined_in
 
 F32 = (torch.float32,)
@@ -75,7 +75,7 @@ def _check_indexer_values(op, k, k_start, k_end):
 
 
 # -- the indexer ------------------------------------------------------------------------------
-_INDEXER_ARGS = dict(q=Tensor("T, Hi, D", FLOAT), k=Key("S, D", like="q"), weights=Tensor("T, Hi", F32),
+_INDEXER_ARGS = dict(q=Tensor("T, Hi, D", FLOAT), k=Fp8Pair("S, D", like="q"), weights=Tensor("T, Hi", F32),
                      k_start=_index("T"), k_end=_index("T"))
 _INDEXER_RULES = [_nonempty("q", "[T, Hi, D]", "Hi, D")]
 
@@ -117,7 +117,7 @@ indexer_topk = define(
 
 indexer_topk_paged = define(
     ref.indexer_topk_paged,
-    args=dict(q=Tensor("B, N, Hi, D", FLOAT), k_cache=Key("num_blocks, block_size, D", like="q"),
+    args=dict(q=Tensor("B, N, Hi, D", FLOAT), k_cache=Fp8Pair("num_blocks, block_size, D", like="q"),
               weights=Tensor("B, N, Hi", F32), block_table=_index("B, max_blocks"),
               context_lens=_index("B"), topk=Int(min=1)),
     rules=[_nonempty("q", "[B, N, Hi, D]", "N, Hi, D"),

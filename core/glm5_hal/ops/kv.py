@@ -1,4 +1,4 @@
-"""Paged KV cache ops (OPS.md section 6): writing token rows into cache slots and gathering
+"""Paged KV cache ops (docs/ops/kv.md): writing token rows into cache slots and gathering
 sequences back out through block tables.
 
 A cache is `[num_blocks, block_size, D]`; slot `s` is block `s // block_size`, offset

@@ -1,4 +1,4 @@
-"""MoE ops (OPS.md section 5): routing, token permutation, grouped GEMM.
+"""MoE ops (docs/ops/moe.md): routing, token permutation, grouped GEMM.
 
 A GLM-5 MoE layer is `moe_route -> moe_permute -> grouped_gemm(w13) -> silu_and_mul ->
 grouped_gemm(w2) -> moe_unpermute` (plus the shared expert).

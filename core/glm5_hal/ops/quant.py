@@ -1,4 +1,4 @@
-"""Quantization ops (OPS.md section 3): FP8 block quantization and the symmetric INT4 weight
+"""Quantization ops (docs/ops/quant.md): FP8 block quantization and the symmetric INT4 weight
 format (fake-quant for QAT, packing, unpacking, the W4A16 GEMM); the GEMMs on the checkpoint
 formats (section 3.1): FP8 with 128 x 128 block scales, INT8 W8A8, and their grouped forms."""
 from __future__ import annotations
@@ -53,12 +53,16 @@ def _straight_through_backward(ctx, grad):
     return grad, None
 
 
+def _straight_through_jvp(inputs, tangents):
+    return tangents[0]
+
+
 int4_fake_quant = define(
     ref.int4_fake_quant,
     args=dict(w=Tensor("N, K", FLOAT), group_size=Int(min=1)),
     rules=[_divides("group_size", "the last dim of 'w'")],
     fake=lambda w, group_size: torch.empty_like(w),
-    autograd=(_straight_through_backward, _setup_straight_through),
+    autograd=(_straight_through_backward, _setup_straight_through, _straight_through_jvp),
     doc="""Quantize-dequantize to the symmetric INT4 grid (QAT forward); straight-through backward.
 
     w:          [N, K] bfloat16 | float16 | float32
@@ -121,7 +125,7 @@ w4a16_gemm = define(
     """)
 
 
-# -- GEMMs on the checkpoint formats (OPS.md section 3.1) -------------------------------------
+# -- GEMMs on the checkpoint formats (docs/ops/quant.md) -------------------------------------
 _K_BLOCKS = Rule("a", f"K % {BLOCK} == 0", f"a last dim K that is a multiple of {BLOCK} (the FP8 block)")
 # |x * w| <= 128^2 for int8 operands: K products fit the contract's exact int32 accumulator
 INT8_MAX_K = (2**31 - 1) // 128**2

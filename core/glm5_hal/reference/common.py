@@ -1,4 +1,4 @@
-"""Reference implementations of the elementwise / small ops (OPS.md section 2).
+"""Reference implementations of the elementwise / small ops (docs/ops/common.md).
 
 Plain torch on any device. Computation runs in float32, or in float64 when the inputs are
 float64 (the conformance suite feeds upcast inputs); results are cast back to the input dtype.

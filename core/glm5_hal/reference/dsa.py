@@ -1,4 +1,4 @@
-"""Reference implementations of the DSA ops (OPS.md section 4): the lightning indexer and
+"""Reference implementations of the DSA ops (docs/ops/dsa.md): the lightning indexer and
 sparse / dense MLA attention in absorbed (MQA) mode.
 
 Plain torch on any device, vectorised over tokens. Computation runs in float32, or in

@@ -1,4 +1,4 @@
-"""Reference implementations of the paged KV cache ops (OPS.md section 6).
+"""Reference implementations of the paged KV cache ops (docs/ops/kv.md).
 
 Plain torch on any device. Slot mappings and block tables are trusted here: the public ops
 validate them (range, duplicates) before anything is written.

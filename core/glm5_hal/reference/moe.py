@@ -1,4 +1,4 @@
-"""Reference implementations of the MoE ops (OPS.md section 5).
+"""Reference implementations of the MoE ops (docs/ops/moe.md).
 
 Plain torch on any device. Scores and accumulations run in float32, or in float64 when the
 inputs are float64 (the conformance suite feeds upcast inputs).

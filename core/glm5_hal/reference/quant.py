@@ -1,4 +1,4 @@
-"""Reference implementations of the quantization ops (OPS.md section 3) and the GEMMs on
+"""Reference implementations of the quantization ops (docs/ops/quant.md) and the GEMMs on
 the checkpoint formats (section 3.1).
 
 Quantization math runs in float32 whatever the input dtype (the formats are defined on

@@ -1,5 +1,5 @@
-"""Benchmark cases: every op at GLM-5 shapes (OPS.md section 1), one module per op family
-(common, quant, dsa, moe, kv), like the conformance cases. A family module registers the
+"""Benchmark cases: every op at GLM-5 shapes (GLM-5's configuration, docs/models.md), one
+module per op family (common, quant, dsa, moe, kv), like the conformance cases. A family module registers the
 cases of each op (one, or a list: e.g. a GEMM at prefill and at decode shapes):
 
     @bench_case("rms_norm")

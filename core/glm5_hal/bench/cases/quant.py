@@ -58,7 +58,7 @@ def w4a16_gemm(s: Shapes) -> BenchCase:
                      flops=2 * m * n * k, nbytes=0.5 * n * k + 2 * m * (k + n))
 
 
-# -- GEMMs on the checkpoint formats (OPS.md section 3.1) ---------------------------------------
+# -- GEMMs on the checkpoint formats (docs/ops/quant.md) ---------------------------------------
 # Prefill: a 4096-token chunk through q_a_proj [2048, 6144] (the dense GEMMs) and through the
 # w13 of the 16 experts of one expert-parallel rank (4096 tokens x top-8 / 16 ranks = 2048
 # rows). Decode: 8 tokens through o_proj [6144, 16384], and 2 rows per expert of the rank,

@@ -1,4 +1,4 @@
-"""Cases for the elementwise / small ops (OPS.md section 2)."""
+"""Cases for the elementwise / small ops (docs/ops/common.md)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Cases for the DSA ops (OPS.md section 4): the lightning indexer (logits, top-k, paged
+"""Cases for the DSA ops (docs/ops/dsa.md): the lightning indexer (logits, top-k, paged
 top-k) and MLA attention in absorbed mode (sparse, sparse paged decode, dense paged decode).
 
 How each output is judged (docs/conformance.md, "DSA ops"):

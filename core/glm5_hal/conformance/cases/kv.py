@@ -1,4 +1,4 @@
-"""Cases for the paged KV cache ops (OPS.md section 6).
+"""Cases for the paged KV cache ops (docs/ops/kv.md).
 
 The writes are judged on their whole destinations (rule 4), which start out filled with
 random values, so a write into a neighbouring or a padding slot, or a zeroed row, shows.

@@ -1,4 +1,4 @@
-"""Cases for the MoE ops (OPS.md section 5): routing, permutation, unpermutation and the
+"""Cases for the MoE ops (docs/ops/moe.md): routing, permutation, unpermutation and the
 grouped GEMM.
 
 How each output is judged (docs/conformance.md, "MoE ops"):
@@ -43,7 +43,7 @@ def _unbiased_scores(logits: torch.Tensor, score_func: str) -> torch.Tensor:
 
 
 def selection_scores(logits, bias, top_k, n_group, topk_group, scale, norm, score_func):
-    """[T, E] the scores moe_route selects by (OPS.md 5, steps 1-3): `c = s + bias`, `-inf`
+    """[T, E] the scores moe_route selects by (docs/ops/moe.md, steps 1-3): `c = s + bias`, `-inf`
     outside each token's `topk_group` best groups (group score: sum of its best two)."""
     c = _unbiased_scores(logits, score_func)
     if bias is not None:
@@ -59,7 +59,7 @@ def selection_scores(logits, bias, top_k, n_group, topk_group, scale, norm, scor
 
 
 def weights_of_chosen_ids(ctx) -> torch.Tensor:
-    """The weights the contract gives the ids the backend chose (OPS.md 5, steps 5-7): their
+    """The weights the contract gives the ids the backend chose (docs/ops/moe.md, steps 5-7): their
     unbiased reference scores, normalised and scaled. NaN where an id is not an expert."""
     logits, bias, top_k, n_group, topk_group, scale, norm, score_func = ctx.reference_args
     ids = ctx.got("out[1]").long()

@@ -1,4 +1,4 @@
-"""Cases for the quantization ops (OPS.md section 3).
+"""Cases for the quantization ops (docs/ops/quant.md).
 
 FP8 outputs are judged as codes (`Fp8Codes`: round to nearest even, either neighbour only
 within float32 noise of a midpoint) next to their scales; packed INT4 bit for bit with its
@@ -310,7 +310,7 @@ def w4a16_gemm_cases(preset: str):
                              GLM5.moe_intermediate_size, GLM5_GROUP, note="an expert's down projection")
 
 
-# -- GEMMs on the checkpoint formats (OPS.md section 3.1) ---------------------------------------
+# -- GEMMs on the checkpoint formats (docs/ops/quant.md) ---------------------------------------
 # How each output is judged (docs/conformance.md, "Common, quant and kv ops"):
 # - fp8_block_gemm, fp8_grouped_gemm: `Close` in the output dtype. Products of e4m3 values are
 #   exact in float32; what differs between correct implementations is the float32 sum of K
@@ -327,7 +327,7 @@ I32 = torch.int32
 GEMM_BLOCK = 128
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _OUT_NAMES = {torch.bfloat16: "bf16out", torch.float16: "fp16out", torch.float32: "fp32out"}
-# GLM-5's linear layers (OPS.md section 1) as (N, K): the attention projections and an
+# GLM-5's linear layers (docs/models.md) as (N, K): the attention projections and an
 # expert's fused gate/up (w13) and down (w2) projections.
 Q_A = (GLM5.q_lora_rank, GLM5.hidden_size)                                          # 2048 x 6144
 KV_A = (GLM5.kv_lora_rank + GLM5.qk_rope_head_dim, GLM5.hidden_size)                # 576 x 6144

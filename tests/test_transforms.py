@@ -1,0 +1,251 @@
+"""Every op under every PyTorch transform gives eager's result, on the reference and on the cpu
+backend: make_fx (real, fake, symbolic), FakeTensorMode, torch.vmap, torch.func.functionalize,
+torch.func.grad / vjp / jvp (differentiable ops), torch.compile(fullgraph=True),
+torch.export and torch.jit.trace. The ops come from the op table (glm5_hal.opdef.OPS), each
+with inputs from one of its conformance cases, so a new op is covered by adding it; an op
+without a usable case fails `test_every_op_has_transform_inputs`.
+
+What a transform must not do is the bug this pins: the eager fast path calling a native kernel
+with tensors that are wrappers (fake, batched, functional, grad-tracking) or tracing proxies,
+which gave a graph of aten.empty_like under make_fx and errors elsewhere."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import glm5_hal as hal
+import glm5_hal.ops  # noqa: F401  (defines the ops)
+from glm5_hal.conformance.case import RESULT, View
+from glm5_hal.conformance.cases import cases
+from glm5_hal.opdef import OPS
+
+BACKENDS = ["reference", "cpu"]
+OP_NAMES = list(OPS)
+DIFFERENTIABLE = [name for name, op in OPS.items() if op.differentiable]
+#: the largest inputs (total elements) a case may have to be picked: small keeps this fast
+MAX_ELEMENTS = 6000
+
+
+def _numel(args) -> int:
+    return sum(t.numel() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
+
+
+@functools.cache
+def _case(name: str):
+    """The op's largest tiny RESULT case within MAX_ELEMENTS, float32 where it has one."""
+    usable = []
+    for case in cases(name, "tiny"):
+        if case.outcome != RESULT:
+            continue
+        args = case.inputs(torch.Generator().manual_seed(case.seed))
+        if any(isinstance(a, View) for a in args) or _numel(args) > MAX_ELEMENTS:
+            continue
+        usable.append((case.dtype == torch.float32, _numel(args), case.id, case))
+    return max(usable)[-1] if usable else None
+
+
+def inputs(name: str) -> tuple:
+    case = _case(name)
+    return case.inputs(torch.Generator().manual_seed(case.seed))
+
+
+class Call:
+    """The op as a function of its tensors only (scalars fixed), returning every tensor it
+    produces: the result's tensors, then the arguments it writes in place."""
+
+    def __init__(self, name: str, args: tuple):
+        self.op = OPS[name]
+        self.leaves, self.spec = pytree.tree_flatten(args)
+        self.where = [i for i, a in enumerate(self.leaves) if isinstance(a, torch.Tensor)]
+        self.mutated = [self.op.params.index(p) for p in self.op.mutates]
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.leaves[i].clone() for i in self.where]
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = list(self.leaves)
+        for i, t in zip(self.where, tensors):
+            leaves[i] = t
+        args = pytree.tree_unflatten(leaves, self.spec)
+        out = self.op.public(*args)
+        produced = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return (*produced, *(args[i] for i in self.mutated))
+
+
+def assert_same(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert type(g) is torch.Tensor, f"a {type(g).__name__} came back, not a tensor"
+        if e.dtype.is_floating_point and e.dtype.itemsize == 1:   # fp8: compare the codes
+            g, e = g.view(torch.uint8), e.view(torch.uint8)
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    with hal.use(request.param):
+        yield request.param
+
+
+def eager(call: Call) -> tuple:
+    return call(*call.tensors)
+
+
+def test_every_op_has_transform_inputs():
+    missing = [name for name in OPS if _case(name) is None]
+    assert not missing, f"ops without a tiny RESULT conformance case of at most {MAX_ELEMENTS} elements: {missing}"
+
+
+@pytest.mark.parametrize("tracing", ["real", "fake", "symbolic"])
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_make_fx(name, tracing, backend):
+    call = Call(name, inputs(name))
+    graph = make_fx(call, tracing_mode=tracing)(*call.tensors)
+    targets = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+    assert any(t.startswith(f"glm5_hal.{name}") for t in targets), graph.code
+    assert_same(graph(*call.tensors), eager(call))
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_fake_tensor_mode(name, backend):
+    call = Call(name, inputs(name))
+    # with a shape environment: an output whose size depends on the data (a gather of
+    # variable lengths) gets an unbacked size, which any concrete size satisfies
+    expected, tensors = eager(call), call.tensors
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        got = call(*[mode.from_tensor(t) for t in tensors])
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert type(g).__name__ == "FakeTensor" and g.dtype == e.dtype and g.dim() == e.dim()
+        assert all(isinstance(d, torch.SymInt) or d == s for d, s in zip(g.shape, e.shape)), (g.shape, e.shape)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_vmap(name, backend):
+    # two examples: the second with every float input halved, integer inputs shared as they are
+    call = Call(name, inputs(name))
+    first = call.tensors
+    second = [t * 0.5 if t.dtype in (torch.float32, torch.bfloat16, torch.float16) else t.clone()
+              for t in first]
+    expected = [torch.stack(pair) for pair in zip(call(*[t.clone() for t in first]),
+                                                 call(*[t.clone() for t in second]))]
+    got = torch.vmap(call)(*[torch.stack(pair) for pair in zip(first, second)])
+    assert_same(got, expected)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_functionalize(name, backend):
+    call = Call(name, inputs(name))
+    assert_same(torch.func.functionalize(call)(*call.tensors), eager(call))
+
+
+def _float_positions(call: Call) -> list[int]:
+    return [k for k, t in enumerate(call.tensors) if t.dtype in (torch.float32, torch.float64)]
+
+
+def _differentiable_call(name: str):
+    """The op as a function of its float32 tensors (the others fixed), float outputs only."""
+    call = Call(name, inputs(name))
+    tensors = call.tensors
+    floats = _float_positions(call)
+
+    def f(*xs):
+        full = list(tensors)
+        for k, x in zip(floats, xs):
+            full[k] = x
+        return tuple(o for o in call(*full) if o.is_floating_point())
+    return f, [tensors[k] for k in floats]
+
+
+def _cotangents(outs, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs)
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_vjp_and_grad(name, backend):
+    f, primals = _differentiable_call(name)
+    outs = f(*primals)
+    us = _cotangents(outs)
+    leaves = [p.clone().requires_grad_() for p in primals]
+    expected = torch.autograd.grad(f(*leaves), leaves, us, allow_unused=True, materialize_grads=True)
+    got_out, pullback = torch.func.vjp(f, *primals)
+    assert_same(got_out, outs)
+    assert_same(pullback(us), expected)
+    # grad of <f, u> with respect to the first float input
+    grad = torch.func.grad(lambda x, *rest: sum((o * u).sum() for o, u in zip(f(x, *rest), us)))
+    assert_same((grad(*primals),), expected[:1])
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_jvp(name, backend):
+    # the forward-mode rule must be the adjoint of the backward: <J t, u> == <t, J^T u>
+    f, primals = _differentiable_call(name)
+    tangents = _cotangents(primals, seed=1)
+    outs, jt = torch.func.jvp(f, tuple(primals), tangents)
+    assert_same(outs, f(*primals))
+    us = _cotangents(outs, seed=2)
+    _, pullback = torch.func.vjp(f, *primals)
+    left = sum((a.double() * u.double()).sum() for a, u in zip(jt, us))
+    right = sum((t.double() * g.double()).sum() for t, g in zip(tangents, pullback(us)))
+    torch.testing.assert_close(left, right, rtol=1e-4, atol=1e-4)
+    # eager forward-mode AD takes the same rule
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(p, t) for p, t in zip(primals, tangents)]
+        eager_jt = [fwAD.unpack_dual(o).tangent for o in f(*duals)]
+    assert_same(eager_jt, jt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_compile_fullgraph(name, backend):
+    call = Call(name, inputs(name))
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager", dynamic=False)
+    assert_same(compiled(*call.tensors), eager(call))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_export(name, backend):
+    call = Call(name, inputs(name))
+
+    class Module(torch.nn.Module):
+        def forward(self, *tensors):
+            return call(*tensors)
+
+    program = torch.export.export(Module(), tuple(call.tensors))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert any(f"glm5_hal.{name}" in t for t in targets), program.graph
+    assert_same(program.module()(*call.tensors), eager(call))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_jit_trace(name, backend):
+    call = Call(name, inputs(name))
+    def fn(*tensors):   # jit.trace takes functions and modules, not other callables
+        return call(*tensors)
+    traced = torch.jit.trace(fn, tuple(call.tensors), check_trace=False)
+    assert f"glm5_hal::{name}" in str(traced.graph), traced.graph
+    assert_same(traced(*call.tensors), eager(call))
+
+
+def test_eager_calls_still_take_the_fast_path():
+    # plain tensors, no transform: the remembered call key serves (no torch dispatcher)
+    op = OPS["rms_norm"]
+    op.clear()
+    x, w = torch.randn(3, 8), torch.randn(8)
+    hal.ops.rms_norm(x, w, 1e-6)
+    assert len(op._passed) == 1
+    with FakeTensorMode() as mode:
+        hal.ops.rms_norm(mode.from_tensor(x), mode.from_tensor(w), 1e-6)
+    assert len(op._passed) == 1      # nothing remembered under a transform
