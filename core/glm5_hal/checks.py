@@ -6,6 +6,7 @@ for the few hand-written ones and serve the ops' data-dependent value checks.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, NoReturn, Sequence
 
 import torch
