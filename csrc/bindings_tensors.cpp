@@ -9,7 +9,9 @@
 //
 // call_key(plan, pin, *args) -> tuple | None
 //   plan: bytes, one code per argument: 't' a tensor, 'c' a tensor whose contiguity the check
-//         reads, 'o' / 'p' the same but optional (None accepted), 'k' an indexer key (a tensor or
+//         reads, 'o' / 'p' the same but optional (None accepted), 'g' a paged cache (the check
+//         reads whether its layout is paged: glm5_hal.checks.is_paged, restated in paged_flag),
+//         'k' an indexer key (a tensor or
 //         a pair of tensors), 's' a scalar. A tensor code in upper case also reads requires_grad
 //         (differentiable ops: whether a call must go through autograd).
 //   pin:  the pinned backend (str or None), carried in the key as is.
@@ -278,7 +280,40 @@ class Words {
 };
 
 // Appends tensor `t`'s words; false if it is not read exactly here (the caller returns None).
-bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, Words& words) {
+// glm5_hal.checks.is_paged over (sizes, strides): each block (the dims after the first)
+// row-major contiguous, blocks not overlapping. -1 when the strides cannot be read exactly.
+int64_t paged_flag(PyObject* t, PyObject* shape) {
+  Ref strides(PyObject_CallMethod(t, "stride", nullptr));
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+  if (!strides.p || !PyTuple_Check(strides.p) || PyTuple_GET_SIZE(strides.p) != ndim) {
+    PyErr_Clear();
+    return -1;
+  }
+  long long size[64], stride[64];
+  if (ndim > 64) return -1;
+  for (Py_ssize_t d = 0; d < ndim; ++d) {
+    PyObject* sz = PyTuple_GET_ITEM(shape, d);
+    PyObject* st = PyTuple_GET_ITEM(strides.p, d);
+    if (!PyLong_CheckExact(sz) || !PyLong_CheckExact(st)) return -1;
+    int o1 = 0, o2 = 0;
+    size[d] = PyLong_AsLongLongAndOverflow(sz, &o1);
+    stride[d] = PyLong_AsLongLongAndOverflow(st, &o2);
+    if (o1 || o2 || PyErr_Occurred()) {
+      PyErr_Clear();
+      return -1;
+    }
+  }
+  long long extent = 1;
+  for (Py_ssize_t d = ndim - 1; d >= 1; --d) {
+    if (size[d] != 1 && stride[d] != extent) return 0;
+    extent *= size[d];
+  }
+  return ndim >= 1 && (size[0] <= 1 || extent == 0 || stride[0] >= extent) ? 1 : 0;
+}
+
+enum class KeyLayout { None, Contiguity, Paged };
+
+bool add_tensor(PyObject* t, KeyLayout layout, bool grad_flag, Words& words) {
   PyTypeObject* type = Py_TYPE(t);
   if (type != r.tensor && type != r.parameter) return false;
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
@@ -292,20 +327,23 @@ bool add_tensor(PyObject* t, bool contiguity, bool grad_flag, Words& words) {
   }
   int8_t dev_type, dev_index;
   if (!read_device(device.p, dev_type, dev_index)) return false;
-  int64_t contiguous = 0;
-  if (contiguity) {
+  int64_t contiguous = 0, paged = 0;
+  if (layout == KeyLayout::Contiguity) {
     Ref flag(r.is_contiguous(t, r.no_args, nullptr));
     if (!flag.p) {
       PyErr_Clear();
       return false;
     }
     contiguous = flag.p == Py_True;
+  } else if (layout == KeyLayout::Paged) {
+    paged = paged_flag(t, shape.p);
+    if (paged < 0) return false;
   }
   const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.p);
   words.push_back(reinterpret_cast<intptr_t>(dtype.p));
   words.push_back(static_cast<int64_t>(ndim) | static_cast<int64_t>(static_cast<uint8_t>(dev_type)) << 32 |
                   static_cast<int64_t>(static_cast<uint8_t>(dev_index)) << 40 |
-                  static_cast<int64_t>(grad.p == Py_True) << 48 | contiguous << 49);
+                  static_cast<int64_t>(grad.p == Py_True) << 48 | contiguous << 49 | paged << 50);
   for (Py_ssize_t d = 0; d < ndim; ++d) {
     PyObject* size = PyTuple_GET_ITEM(shape.p, d);
     if (!PyLong_CheckExact(size)) return false;  // a SymInt while tracing
@@ -355,16 +393,19 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         [[fallthrough]];
       case 't':
       case 'c':
-        if (!add_tensor(a, code == 'c' || code == 'p', grad, words)) Py_RETURN_NONE;
+      case 'g':
+        if (!add_tensor(a, code == 'g' ? KeyLayout::Paged : (code == 'c' || code == 'p') ? KeyLayout::Contiguity : KeyLayout::None,
+                        grad, words))
+          Py_RETURN_NONE;
         break;
       case 'k':
         if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
           if (PySequence_Fast_GET_SIZE(a) != 2) Py_RETURN_NONE;
           words.push_back(kPair);
-          if (!add_tensor(PySequence_Fast_GET_ITEM(a, 0), false, grad, words) ||
-              !add_tensor(PySequence_Fast_GET_ITEM(a, 1), false, grad, words))
+          if (!add_tensor(PySequence_Fast_GET_ITEM(a, 0), KeyLayout::None, grad, words) ||
+              !add_tensor(PySequence_Fast_GET_ITEM(a, 1), KeyLayout::None, grad, words))
             Py_RETURN_NONE;
-        } else if (!add_tensor(a, false, grad, words)) {
+        } else if (!add_tensor(a, KeyLayout::None, grad, words)) {
           Py_RETURN_NONE;
         }
         break;

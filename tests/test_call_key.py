@@ -287,3 +287,20 @@ def test_no_key_under_a_dispatch_mode_or_forward_ad():
     with forward_ad.dual_level():
         assert key(b"t", torch.zeros(2)) is None
     assert key(b"t", torch.zeros(2)) is not None
+
+
+def test_a_remembered_paged_call_does_not_admit_a_cache_that_is_not_paged():
+    """kv_cache_write's check reads whether the cache is paged (each block contiguous, blocks
+    apart): the call key carries it, so a non-paged cache of the same sizes after a paged one is
+    still rejected, and a block-strided page view is still accepted after a contiguous cache."""
+    values, slots = torch.randn(2, 8), torch.tensor([0, 5])
+    with hal.use("cpu"):
+        hal.ops.kv_cache_write(torch.zeros(2, 4, 8), values, slots)
+        hal.ops.kv_cache_write(torch.zeros(2, 6, 8)[:, :4], values, slots)    # pages of 6 rows
+        with pytest.raises(hal.InvalidInputError, match="a paged layout"):
+            hal.ops.kv_cache_write(torch.zeros(2, 8, 4).transpose(1, 2), values, slots)
+    plan = opdef.OPS["kv_cache_write"].contract.plan
+    assert plan.startswith(b"g")
+    keys = {_C.call_key(plan, None, c, values, slots) for c in
+            (torch.zeros(2, 4, 8), torch.zeros(2, 6, 8)[:, :4], torch.zeros(2, 8, 4).transpose(1, 2))}
+    assert len(keys) == 2    # contiguous and page view are both paged: one key; the transpose another

@@ -62,8 +62,7 @@ class Tensor:
     contiguous: the tensor must be contiguous (in-place targets the kernels index flat).
     paged: the tensor is a paged cache written in place (glm5_hal.checks.is_paged: each block
         row-major contiguous, blocks apart; a serving engine's block-strided page views pass).
-        The check reads strides, which call keys do not: an op with a paged argument runs its
-        check on every call.
+        The call key carries whether the layout is paged (glm5_hal._C.call_key's code 'g').
     layout: name the dims in a shape mismatch ("shape [T, topk] = [3, *]") instead of
         showing the resolved sizes only ("shape [3, *]").
     """
@@ -248,9 +247,7 @@ class _Compiler:
             if isinstance(spec, Fp8Pair):
                 codes.append("k")
             elif isinstance(spec, Tensor):
-                if spec.paged:
-                    return None
-                codes.append(_TENSOR_CODES[spec.contiguous, spec.optional])
+                codes.append("g" if spec.paged else _TENSOR_CODES[spec.contiguous, spec.optional])
             else:
                 codes.append("s")
         return "".join(codes).encode()
