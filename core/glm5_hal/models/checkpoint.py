@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from ..errors import InvalidInputError
 from .config import GLM5Config
-from .layers import Experts, expert_views
 from .hf_config import hf_field
+from .layers import Experts, expert_views
 from .module_patterns import ModulePattern, PatternError
 from .quantized import FP8_BLOCK, Fp8Experts, Fp8Linear, Int8Experts, Int8Linear, ceil_div, write_weight
 
@@ -644,14 +644,18 @@ def save_pretrained(model: nn.Module, path, max_shard_size: int | str = "5GB") -
         for file in written:
             _fsync(staging / file)
         _fsync(staging)
-        try:
-            os.rename(staging, target)         # a new directory appears complete, or not at all
-        except OSError:
-            if not target.is_dir():            # (an existing one is not empty, or a mount point)
-                raise
-            _replace_owned(target, staging, written, INDEX_FILE if index is not None else WEIGHTS_FILE)
+        entry = INDEX_FILE if index is not None else WEIGHTS_FILE
+        if target.is_dir():                    # kept, with its other files, mode and owner
+            _replace_owned(target, staging, written, entry)
         else:
-            _fsync(target.parent)
+            try:
+                os.rename(staging, target)     # a new directory appears complete, or not at all
+            except OSError:
+                if not target.is_dir():        # (unless one appeared meanwhile)
+                    raise
+                _replace_owned(target, staging, written, entry)
+            else:
+                _fsync(target.parent)
     except BaseException:
         if not any((staging / "replaced").glob("*")):     # never delete an old checkpoint not put back
             shutil.rmtree(staging, ignore_errors=True)
