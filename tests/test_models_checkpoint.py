@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -356,7 +359,6 @@ def test_a_save_into_a_new_directory_appears_whole(tmp_path):
 
 
 def _umask() -> int:
-    import os
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -397,7 +399,6 @@ def test_every_step_of_a_save_over_a_checkpoint_loads_the_old_the_new_or_nothing
     """The save into an existing directory moves files one rename at a time; before each rename
     the directory is loaded: it is the complete old checkpoint, the complete new one, or refused
     (no weights entry point), never a mix (a crash at any point leaves one of these)."""
-    import os
     root = tmp_path / "ckpt"
     old, new = (GLM5ForCausalLM(TINY, seed=s, dtype=torch.bfloat16) for s in (1, 2))
     old.save_pretrained(root, max_shard_size=old_shards)
@@ -439,7 +440,6 @@ def test_a_save_failing_while_writing_leaves_the_directory_untouched(tmp_path, m
 
 
 def test_a_save_failing_before_its_commit_puts_the_old_checkpoint_back(tmp_path, monkeypatch):
-    import os
     root = tmp_path / "ckpt"
     old = GLM5ForCausalLM(TINY, seed=1, dtype=torch.bfloat16)
     old.save_pretrained(root, max_shard_size="600KB")
@@ -546,8 +546,6 @@ def test_a_catastrophic_modules_to_not_convert_pattern_is_matched_in_linear_time
     """`(.*)*X` takes exponential time in Python's backtracking re (13 s at 28 characters, GLM-5's
     module names have 33-60): a child process must finish matching 84-character names long
     before the timeout (it takes milliseconds; the backtracking engine would take ages)."""
-    import subprocess
-    import sys
     code = ("from glm5_hal.models.checkpoint import fp8_scheme\n"
             "s = fp8_scheme({'quant_method': 'fp8', 'modules_to_not_convert': ['(.*)*X', '(x+x+)+y', '(a|a)*b']})\n"
             "print(s.converts('model.layers.12.mlp.experts.123.gate_proj.' * 2))")
@@ -617,7 +615,6 @@ def _with_value(hf: dict, key: str, value) -> None:
 def test_a_malformed_config_value_is_a_checkpoint_error_naming_its_key(tmp_path, small_checkpoint, key, value):
     """Before, `num_nextn_predict_layers: "x"`, a list for `dtype` or a non-string weight_map value
     raised a raw ValueError / TypeError, and some (`routed_scaling_factor: "x"`) loaded."""
-    import os
     root = tmp_path / "ckpt"
     root.mkdir()
     hf = json.loads((small_checkpoint / "config.json").read_text())
@@ -635,14 +632,38 @@ def test_a_malformed_config_value_is_a_checkpoint_error_naming_its_key(tmp_path,
     assert error.file == ("model.safetensors.index.json" if key.startswith("weight_map") else "config.json")
 
 
-def test_the_malformed_values_cover_every_key_the_loader_reads():
-    from glm5_hal.models import hf_config
-    covered = {key for key, _ in _malformed_values()}
-    read = set(hf_config._FIELD_TYPES) | {"num_nextn_predict_layers", "dtype", "torch_dtype", "quantization_config",
-                                          "weight_map"} | {f"quantization_config.{f}" for f in (
-        "quant_method", "fmt", "weight_block_size", "activation_scheme", "scale_fmt", "modules_to_not_convert",
-        "dequantize")}
-    assert read <= covered, read - covered
+#: Every key a GLM-5 config.json (transformers' GlmMoeDsaConfig, FineGrainedFP8Config) or the
+#: loader's documentation names, and the index's.
+CONFIG_KEYS = sorted({
+    "_name_or_path", "architectures", "attention_bias", "attention_dropout", "bos_token_id", "dtype", "eos_token_id",
+    "first_k_dense_replace", "head_dim", "hidden_act", "hidden_size", "index_head_dim", "index_n_heads", "index_topk",
+    "indexer_types", "initializer_range", "intermediate_size", "kv_lora_rank", "layer_types", "max_position_embeddings",
+    "mlp_bias", "mlp_layer_types", "model_type", "moe_intermediate_size", "n_group", "n_routed_experts",
+    "n_shared_experts", "norm_topk_prob", "num_attention_heads", "num_experts_per_tok", "num_hidden_layers",
+    "num_key_value_heads", "pad_token_id", "q_lora_rank", "qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim",
+    "rms_norm_eps", "rope_parameters", "routed_scaling_factor", "tie_word_embeddings", "topk_group", "use_cache",
+    "v_head_dim", "vocab_size", "torch_dtype", "rope_theta", "index_topk_pattern", "index_topk_freq",
+    "index_skip_topk_offset", "num_nextn_predict_layers", "quantization_config", "rope_parameters.rope_type",
+    "rope_parameters.type", "rope_parameters.rope_theta"} | {f"quantization_config.{k}" for k in (
+        "activation_scheme", "dequantize", "expert_dtype", "modules_to_convert", "modules_to_not_convert",
+        "ignored_layers", "quant_method", "scale_fmt", "weight_block_size", "fmt")})
+
+
+@pytest.mark.parametrize("key", CONFIG_KEYS)
+def test_every_config_key_the_loader_reads_is_validated(monkeypatch, small_checkpoint, key):
+    """The key set to a value no JSON holds (a bare object(): not a number, string, list or
+    mapping, never equal to anything): the loader either does not read the key, or names it in
+    a CheckpointError. A key read without validation fails here with the TypeError /
+    AttributeError its use raises, whichever key a future change starts reading."""
+    from glm5_hal.models import checkpoint
+    hf = json.loads((small_checkpoint / "config.json").read_text())
+    _with_value(hf, key, object())
+    read_json = checkpoint._read_json
+    monkeypatch.setattr(checkpoint, "_read_json", lambda path: hf if path.name == "config.json" else read_json(path))
+    try:
+        GLM5ForCausalLM.from_pretrained(small_checkpoint)
+    except CheckpointError as e:
+        assert e.field == key, str(e)
 
 
 def test_a_config_override_stays_an_error_naming_the_override(tmp_path, small_checkpoint):
