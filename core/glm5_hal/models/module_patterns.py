@@ -53,7 +53,7 @@ _CLASS_ESCAPES: dict[str, Callable[[str], bool]] = {
 _CONTROL_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)           # hashed by identity: sets of states are DFA states
 class _State:
     kind: int
     test: Callable[[str], bool] | None = None
@@ -327,12 +327,20 @@ class ModulePattern:
         fragment = parser.parse()
         self._match = _State(_MATCH)
         fragment.patch(self._match)
-        self._start = fragment.start
+        self._initial = self._closure([fragment.start], at_start=True)
+        self._cache: dict[tuple[frozenset, str], frozenset] = {}
 
-    def _closure(self, states: list[_State], name: str, pos: int) -> list[_State]:
+    # The NFA runs as a lazily built DFA: a set of live states (after following empty moves)
+    # is a DFA state, its successor per character is computed once and cached, so each name
+    # costs one dictionary lookup per character. The anchors depend on the position, not on
+    # the character: `^` / `\A` pass only in the first set (at_start), and `$` / `\Z` stay in
+    # the set as pending states, followed only where the name ends (_through_ends).
+    _MAX_CACHED = 10_000
+
+    def _closure(self, states, at_start: bool) -> frozenset:
         seen: set[int] = set()
-        out: list[_State] = []
-        stack = list(reversed(states))
+        out = []
+        stack = list(states)
         while stack:
             s = stack.pop()
             if s is None or id(s) in seen:
@@ -343,15 +351,46 @@ class ModulePattern:
             elif s.kind == _EPS:
                 stack.append(s.out)
             elif s.kind == _START:
-                if pos == 0:
+                if at_start:
                     stack.append(s.out)
-            elif s.kind == _END:
-                at_end = pos == len(name) or (s.test is None and pos == len(name) - 1 and name[pos] == "\n")
-                if at_end:
-                    stack.append(s.out)
-            else:
+            else:                               # a character test, a pending end anchor, or MATCH
                 out.append(s)
-        return out
+        return frozenset(out)
+
+    def _step(self, live: frozenset, ch: str) -> frozenset:
+        key = (live, ch)
+        nxt = self._cache.get(key)
+        if nxt is None:
+            nxt = self._closure([s.out for s in live if s.kind == _CHAR and s.test(ch)], at_start=False)
+            if len(self._cache) < self._MAX_CACHED:
+                self._cache[key] = nxt
+        return nxt
+
+    def _through_ends(self, live: frozenset, name: str, pos: int) -> frozenset:
+        """live plus what the pending end anchors lead to at pos: `\\Z` holds at the end of the
+        name, `$` there or before a final newline (which a later `\n` may still consume)."""
+        n = len(name)
+        at_end, before_newline = pos == n, pos == n - 1 and name[pos] == "\n"
+        if not (at_end or before_newline) or not any(s.kind == _END for s in live):
+            return live
+        out, seen = set(live), set()
+        stack = [s for s in live if s.kind == _END]
+        while stack:
+            s = stack.pop()
+            if s is None or s in seen:
+                continue
+            seen.add(s)
+            if s.kind == _END:
+                out.add(s)
+                if at_end or s.test is None:
+                    stack.append(s.out)
+            elif s.kind == _SPLIT:
+                stack.extend((s.out, s.out2))
+            elif s.kind == _EPS or (s.kind == _START and pos == 0):
+                stack.append(s.out)
+            elif s.kind != _START:
+                out.add(s)
+        return frozenset(out)
 
     def match_ends(self, name: str) -> list[int]:
         """Every position p such that the key matches name[:p] from the start."""
@@ -361,14 +400,16 @@ class ModulePattern:
             return [n] if len(head) == n and all(k == c or (k == "." and c != "\n") for k, c in zip(self.key, head)) \
                 else []
         ends = []
-        live = self._closure([self._start], name, 0)
-        for pos in range(len(name) + 1):
-            if any(s.kind == _MATCH for s in live):
+        live = self._initial
+        last = len(name)
+        for pos in range(last + 1):
+            if pos >= last - 1:
+                live = self._through_ends(live, name, pos)
+            if self._match in live:
                 ends.append(pos)
-            if pos == len(name) or not live:
+            if pos == last or not live:
                 break
-            ch = name[pos]
-            live = self._closure([s.out for s in live if s.kind == _CHAR and s.test(ch)], name, pos + 1)
+            live = self._step(live, name[pos])
         return ends
 
     def matches(self, name: str) -> bool:
