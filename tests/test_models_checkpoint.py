@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from safetensors.torch import save_file
 import glm5_hal as hal
 from glm5_hal import cli
 from glm5_hal.models import CheckpointError, GLM5Config, GLM5ForCausalLM, SkippedTensorsWarning, record_ops
+from glm5_hal.models.layers import expert_views
 from glm5_hal.models.quantized import Fp8Experts, Fp8Linear, Int8Experts, Int8Linear
 
 pytestmark = [pytest.mark.filterwarnings("ignore::glm5_hal.FallbackWarning"),
@@ -54,12 +58,16 @@ def relative_rms(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt())
 
 
-def fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (e4m3 [N, K], scale [ceil(N/128), ceil(K/128)], the dequantized float32 weight)."""
+def fp8_blocks(w: torch.Tensor, spread: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+    """w [N, K] -> (e4m3 [N, K], scale [ceil(N/128), ceil(K/128)], the dequantized float32 weight).
+    With `spread`, each block's scale is multiplied by 2^u, u random in [0, SCALE_SPREAD]."""
     n, k = w.shape
     n2, k2 = -(-n // 128) * 128, -(-k // 128) * 128
     blocks = F.pad(w.float(), (0, k2 - k, 0, n2 - n)).view(n2 // 128, 128, k2 // 128, 128)
     scale = blocks.abs().amax((1, 3)) / 448
+    if spread is not None:
+        scale = scale * torch.exp2(torch.randint(0, SCALE_SPREAD + 1, scale.shape, generator=spread).float())
     q = (blocks / scale[:, None, :, None]).view(n2, k2)[:n, :k].to(FP8)
     full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
     return q, scale, q.float() * full
@@ -84,14 +92,24 @@ def write_checkpoint(root: Path, config: GLM5Config, tensors: dict, quantization
     return root
 
 
+#: How far the FP8 test checkpoints' block scales spread: each 128 x 128 block's scale is its
+#: amax / 448 times 2^u, u a random integer in [0, SCALE_SPREAD] (codes of at most 448 / 2^u),
+#: so that the scales of one weight differ by up to 2^10 ~ 10^3 while the dequantized weights
+#: keep their magnitudes (the model stays the same function, only some blocks coarser). A scale
+#: applied to the wrong block (a transposed or shifted grid) then changes weights by orders of
+#: magnitude, not by the few percent that separate the block maxima of Gaussian weights.
+SCALE_SPREAD = 10
+
+
 def fp8_checkpoint(root: Path, config: GLM5Config = FP8_TINY, seed: int = 1):
-    """An FP8 checkpoint quantized from a BF16 model's weights, and the state dict of the
-    dequantized model (float32)."""
+    """An FP8 checkpoint quantized from a BF16 model's weights (block scales spread over
+    SCALE_SPREAD powers of two), and the state dict of the dequantized model (float32)."""
     state = GLM5ForCausalLM(config, seed=seed, dtype=torch.bfloat16).state_dict()
+    g = torch.Generator().manual_seed(seed + 100)
     tensors, dequantized = {}, {}
     for name, t in state.items():
         if is_fp8_linear(name, t):
-            q, scale, dense = fp8_blocks(t)
+            q, scale, dense = fp8_blocks(t, g)
             tensors[name], tensors[name[: -len("weight")] + "weight_scale_inv"] = q, scale
             dequantized[name] = dense
         else:
@@ -127,7 +145,8 @@ def test_fp8_checkpoint_matches_the_dequantized_model(tmp_path):
     element (3 mantissa bits), about 2^-4 / sqrt(3) = 3.6% RMS. A dot product of K such inputs
     carries about that relative RMS error, and the logits sit behind chains of these GEMMs
     (q_a -> q_b -> attention -> o_proj, gate/up -> down, 3 layers) whose errors add partly
-    independently: measured 6.3% RMS, 5.6% at the worst logit. The bound is 2^-3 = 12.5% (two
+    independently: measured 6.5% RMS, 6.4% at the worst logit (6.3% and 5.6% before the block
+    scales were spread: the coarser blocks change the weights, not the activations' rounding). The bound is 2^-3 = 12.5% (two
     e4m3 half-steps) for both. Selection is kept continuous for the bound to hold: index_topk
     covers the context and every expert is active, so no rounding flips a top-k choice (with
     top-2 of 8 experts a flipped choice moves a logit by 60%)."""
@@ -291,6 +310,368 @@ def test_save_pretrained_rejects_what_it_cannot_write(tmp_path):
         GLM5ForCausalLM(TINY.replace(rope_interleaved=False), seed=0).save_pretrained(tmp_path / "out")
 
 
+# -- saving: nothing lost, nothing half written ------------------------------------------------------
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under root: its bytes and mtime (a rename keeps both, a rewrite does not)."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def staging_dirs(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".saving-" in p.name]
+
+
+#: save_pretrained calls that must be refused: (model from the existing checkpoint, kwargs, message)
+REFUSED_SAVES = {
+    "split_half_rope": (lambda root: GLM5ForCausalLM(TINY.replace(rope_interleaved=False), seed=0), {},
+                        "rope_interleaved"),
+    "lora_norm_eps": (lambda root: GLM5ForCausalLM(TINY.replace(lora_norm_eps=1e-5), seed=0), {}, "lora_norm_eps"),
+    "float64": (lambda root: GLM5ForCausalLM(TINY, seed=0).to(torch.float64), {}, "float64"),
+    "int8": (lambda root: GLM5ForCausalLM.from_pretrained(root, quantize="int8"), {}, "INT8 W8A8"),
+    "max_shard_size": (lambda root: GLM5ForCausalLM(TINY, seed=0), {"max_shard_size": "5 parsecs"},
+                       "max_shard_size"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSED_SAVES))
+def test_a_refused_save_touches_no_file(tmp_path, refusal):
+    """Every refusal comes before the first write: an existing checkpoint keeps every byte, a
+    new directory is not created (before, a split-half rope was refused after the weights were
+    written, and a float64 model raised a bare StopIteration after them)."""
+    build, kwargs, message = REFUSED_SAVES[refusal]
+    existing = bf16_checkpoint(tmp_path / "existing")
+    (existing / "tokenizer.json").write_text("{}")
+    model = build(existing)
+    before, listing = snapshot(existing), sorted(p.name for p in tmp_path.iterdir())
+    for target in (tmp_path / "new" / "deeper", existing):
+        with pytest.raises(hal.InvalidInputError, match=message):
+            model.save_pretrained(target, **kwargs)
+    assert snapshot(existing) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing          # no new, no staging directory
+
+
+def test_a_save_into_a_new_directory_appears_whole(tmp_path):
+    model = GLM5ForCausalLM(TINY, seed=1, dtype=torch.bfloat16)
+    assert model.save_pretrained(tmp_path / "a" / "b", max_shard_size="600KB")[-2:] == [
+        "model.safetensors.index.json", "config.json"]
+    assert staging_dirs(tmp_path / "a") == [] and (tmp_path / "a" / "b" / "config.json").is_file()
+    assert oct((tmp_path / "a" / "b").stat().st_mode & 0o777) == oct(0o777 & ~_umask())   # not mkdtemp's 0700
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_save_into_a_checkpoint_directory_replaces_only_its_own_files(tmp_path):
+    root = tmp_path / "ckpt"
+    GLM5ForCausalLM(TINY, seed=1, dtype=torch.bfloat16).save_pretrained(root, max_shard_size="600KB")
+    others = {"tokenizer.json": b"{}", "README.md": b"# notes", "assets/vocab.txt": b"a\nb"}
+    for name, data in others.items():
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_bytes(data)
+    kept = {n: v for n, v in snapshot(root).items() if n in others}
+    new = GLM5ForCausalLM(TINY, seed=2, dtype=torch.bfloat16)
+    assert new.save_pretrained(root) == ["model.safetensors", "config.json"]
+    assert sorted(p.name for p in root.iterdir()) == ["README.md", "assets", "config.json", "model.safetensors",
+                                                       "tokenizer.json"]
+    assert {n: v for n, v in snapshot(root).items() if n in others} == kept
+    assert staging_dirs(tmp_path) == []
+    loaded = GLM5ForCausalLM.from_pretrained(root).state_dict()
+    assert all(same_bits(loaded[n], t) for n, t in new.state_dict().items())
+
+
+def _loads(root: Path, candidates: dict[str, dict]) -> str:
+    """Which of the candidate state dicts the directory loads as: its label, "refused" (an
+    InvalidInputError), or "mixed"."""
+    try:
+        loaded = GLM5ForCausalLM.from_pretrained(root).state_dict()
+    except hal.InvalidInputError:
+        return "refused"
+    return next((label for label, state in candidates.items()
+                 if all(same_bits(loaded[n], t) for n, t in state.items())), "mixed")
+
+
+@pytest.mark.parametrize("old_shards, new_shards", [("600KB", "5GB"), ("5GB", "600KB"), ("600KB", "400KB")])
+def test_every_step_of_a_save_over_a_checkpoint_loads_the_old_the_new_or_nothing(tmp_path, monkeypatch,
+                                                                                   old_shards, new_shards):
+    """The save into an existing directory moves files one rename at a time; before each rename
+    the directory is loaded: it is the complete old checkpoint, the complete new one, or refused
+    (no weights entry point), never a mix (a crash at any point leaves one of these)."""
+    root = tmp_path / "ckpt"
+    old, new = (GLM5ForCausalLM(TINY, seed=s, dtype=torch.bfloat16) for s in (1, 2))
+    old.save_pretrained(root, max_shard_size=old_shards)
+    states = {"old": old.state_dict(), "new": new.state_dict()}
+    seen, rename = [], os.replace
+
+    def observed_replace(src, dst):
+        seen.append(_loads(root, states))
+        rename(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", observed_replace)
+        new.save_pretrained(root, max_shard_size=new_shards)
+    seen.append(_loads(root, states))
+    assert len(seen) >= 4 and seen[0] == "old" and seen[-1] == "new", seen
+    assert set(seen) <= {"old", "new", "refused"}, seen
+    assert staging_dirs(tmp_path) == []
+
+
+def test_a_save_failing_while_writing_leaves_the_directory_untouched(tmp_path, monkeypatch):
+    """A full disk at the second shard: the old checkpoint keeps every byte (before, the first
+    shard had already overwritten the old one's)."""
+    from glm5_hal.models import checkpoint
+    root = tmp_path / "ckpt"
+    GLM5ForCausalLM(TINY, seed=1, dtype=torch.bfloat16).save_pretrained(root, max_shard_size="600KB")
+    (root / "tokenizer.json").write_text("{}")
+    before, real, written = snapshot(root), checkpoint.save_file, []
+
+    def disk_full_at_the_second_file(tensors, filename, metadata=None):
+        if written:
+            raise OSError(28, "No space left on device (injected)")
+        written.append(filename)
+        real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(checkpoint, "save_file", disk_full_at_the_second_file)
+    with pytest.raises(OSError, match="injected"):
+        GLM5ForCausalLM(TINY, seed=2, dtype=torch.bfloat16).save_pretrained(root, max_shard_size="600KB")
+    assert snapshot(root) == before and staging_dirs(tmp_path) == []
+
+
+def test_a_save_failing_before_its_commit_puts_the_old_checkpoint_back(tmp_path, monkeypatch):
+    root = tmp_path / "ckpt"
+    old = GLM5ForCausalLM(TINY, seed=1, dtype=torch.bfloat16)
+    old.save_pretrained(root, max_shard_size="600KB")
+    (root / "tokenizer.json").write_text("{}")
+    before, rename = snapshot(root), os.replace
+
+    def failing_commit(src, dst):
+        if Path(dst) == root / "model.safetensors":
+            raise OSError(5, "I/O error (injected)")
+        rename(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", failing_commit)
+        with pytest.raises(OSError, match="injected"):
+            GLM5ForCausalLM(TINY, seed=2, dtype=torch.bfloat16).save_pretrained(root)
+    assert snapshot(root) == before and staging_dirs(tmp_path) == []
+    assert _loads(root, {"old": old.state_dict()}) == "old"
+
+
+def test_an_interrupted_save_of_another_layout_is_refused_naming_both_files(tmp_path):
+    """Shards + index next to a model.safetensors (what an interrupted sharded save over a
+    single-file checkpoint left before): either could be stale, so neither is read (before,
+    model.safetensors was, silently the old weights)."""
+    root = tmp_path / "ckpt"
+    GLM5ForCausalLM(TINY, seed=1, dtype=torch.bfloat16).save_pretrained(root, max_shard_size="600KB")
+    stale = bf16_checkpoint(tmp_path / "stale", seed=2)
+    (root / "model.safetensors").write_bytes((stale / "model.safetensors").read_bytes())
+    with pytest.raises(hal.InvalidInputError, match=r"both model\.safetensors and model\.safetensors\.index\.json"):
+        GLM5ForCausalLM.from_pretrained(root)
+
+
+# -- hostile checkpoints: files outside the directory ---------------------------------------------------
+def _index_to(root: Path, file: str, names) -> None:
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: file for n in names}}))
+
+
+def test_index_entries_must_resolve_inside_the_checkpoint_directory(tmp_path):
+    outside = bf16_checkpoint(tmp_path / "other", seed=3)
+    names = sorted(file_tensors(outside))
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "config.json").write_bytes((outside / "config.json").read_bytes())
+    for file in ("../other/model.safetensors", str(outside / "model.safetensors"), "sub/../../other/model.safetensors",
+                 "C:\\weights\\model.safetensors"):
+        _index_to(root, file, names)
+        error = _raises_naming(root, names[0], "inside the checkpoint directory")
+        assert error.file == "model.safetensors.index.json" and repr(file) in str(error)
+    # a link inside the directory that leads out of it
+    (root / "model-00001-of-00001.safetensors").symlink_to(outside / "model.safetensors")
+    _index_to(root, "model-00001-of-00001.safetensors", names)
+    _raises_naming(root, names[0], "must not lead outside")
+    (root / "model.safetensors.index.json").unlink()
+    (root / "model.safetensors").symlink_to(outside / "model.safetensors")
+    _raises_naming(root, "model.safetensors", "must not lead outside")
+    # a link that stays inside is a file like any other
+    (root / "model.safetensors").unlink()
+    (root / "model-00001-of-00001.safetensors").unlink()
+    (root / "blob").write_bytes((outside / "model.safetensors").read_bytes())
+    (root / "model.safetensors").symlink_to("blob")
+    assert GLM5ForCausalLM.from_pretrained(root).checkpoint_info.files == ["model.safetensors"]
+
+
+def test_a_hugging_face_cache_snapshot_whose_links_point_into_blobs_loads(tmp_path):
+    """The hub's cache keeps a snapshot's files as links to ../../blobs/<hash>: those are the
+    one way out of the directory a checkpoint may take."""
+    source = bf16_checkpoint(tmp_path / "source")
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot_dir = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot_dir.mkdir(parents=True)
+    for i, name in enumerate(("config.json", "model.safetensors")):
+        (repo / "blobs" / f"blob{i}").write_bytes((source / name).read_bytes())
+        (snapshot_dir / name).symlink_to(f"../../blobs/blob{i}")
+    assert GLM5ForCausalLM.from_pretrained(snapshot_dir).checkpoint_info.tensors > 0
+
+
+# -- hostile checkpoints: modules_to_not_convert ----------------------------------------------------------
+def _fp8_config(*skip) -> dict:
+    return {**FP8_CONFIG, "modules_to_not_convert": list(skip)}
+
+
+def test_modules_to_not_convert_is_matched_as_transformers_matches_it():
+    """Against transformers' own should_convert_module (quantizers/quantizers_utils.py) on every
+    module of the FP8 model and GLM-5-sized names: prefixes at a module boundary, regular
+    expressions, suffixes."""
+    from glm5_hal.models.checkpoint import fp8_scheme
+    transformers_utils = pytest.importorskip("transformers.quantizers.quantizers_utils")
+    with torch.device("meta"):
+        names = [p for p, _ in GLM5ForCausalLM(FP8_TINY).named_modules() if p]
+    names += [f"model.layers.{i}.mlp.experts.{e}.{p}" for i in (3, 12, 77, 78) for e in (0, 9, 123, 255)
+              for p in ("gate_proj", "up_proj", "down_proj")]
+    keys = ["lm_head", "self_attn.o_proj", "model.layers.1", "model.layers.1.mlp", "layers.*.mlp.gate",
+            r"model\.layers\.\d+\.self_attn\.kv_b_proj", "mlp.experts.[0-3].down_proj", "(q|kv)_a_proj",
+            "model.layers.1.mlp.experts.", "experts", "gate", ".*indexer.*", "model.layers.(0|2)", "mlp.gate$",
+            "^model", "indexer.weights_proj", "model.layers.1[0-9]?", r"model\.layers\.(?:7[0-9])\.mlp",
+            "model.layers.12.mlp.experts.1", "[^.]+.layers.3", "model.layers.7.*?proj", "model.layers.{2}"]
+    for key in keys:
+        scheme = fp8_scheme(_fp8_config(key))
+        for name in names:
+            assert scheme.converts(name) == transformers_utils.should_convert_module(name, [key]), (key, name)
+
+
+def test_a_catastrophic_modules_to_not_convert_pattern_is_matched_in_linear_time():
+    """`(.*)*X` takes exponential time in Python's backtracking re (13 s at 28 characters, GLM-5's
+    module names have 33-60): a child process must finish matching 84-character names long
+    before the timeout (it takes milliseconds; the backtracking engine would take ages)."""
+    code = ("from glm5_hal.models.checkpoint import fp8_scheme\n"
+            "s = fp8_scheme({'quant_method': 'fp8', 'modules_to_not_convert': ['(.*)*X', '(x+x+)+y', '(a|a)*b']})\n"
+            "print(s.converts('model.layers.12.mlp.experts.123.gate_proj.' * 2))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("key", [r"(a)\1", "(?=model)", "(?i)LM_HEAD", "a{1000}", "(unclosed", "mlp)|(gate",
+                                 r"\bgate", "x" * 1001])
+def test_a_modules_to_not_convert_key_outside_the_safe_syntax_is_named(key):
+    from glm5_hal.models.checkpoint import fp8_scheme
+    with pytest.raises(CheckpointError, match=r"quantization_config\.modules_to_not_convert\[1\]'") as info:
+        fp8_scheme(_fp8_config("lm_head", key))
+    assert info.value.field == "quantization_config.modules_to_not_convert[1]" and info.value.file == "config.json"
+
+
+# -- hostile checkpoints: malformed values ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory) -> Path:
+    return bf16_checkpoint(tmp_path_factory.mktemp("small") / "ckpt")
+
+
+def _malformed_values() -> list[tuple[str, object]]:
+    """(config.json key, a malformed value) for every key the loader reads: each key a wrong
+    JSON type or two, and out-of-range values where the key has a range."""
+    from glm5_hal.models import hf_config
+    out = []
+    for key, (expected, _) in hf_config._FIELD_TYPES.items():
+        if expected == "a string":
+            out += [(key, 5), (key, ["x"])]
+        elif expected == "true or false":
+            out += [(key, "x"), (key, 1)]
+        else:
+            out += [(key, "x" if "string" not in expected else 5), (key, [1])]
+            out += [(key, {"a": 1})] if "object" not in expected else []
+        if expected in ("an int", "a finite number", "a finite number > 0"):
+            out += [(key, True)]
+        if key not in hf_config._NULLABLE:
+            out.append((key, None))
+    out += [("num_hidden_layers", 0), ("hidden_size", -256), ("first_k_dense_replace", 99), ("qk_rope_head_dim", 15),
+            ("rms_norm_eps", -1e-5), ("rope_parameters.rope_theta", -1.0), ("rope_parameters.rope_type", "yarn"),
+            ("model_type", "llama"), ("hidden_act", "gelu"), ("mlp_layer_types", ["sparse", "sparse", "sparse"]),
+            ("indexer_types", ["shared", "full", "full"]), ("index_topk_pattern", "FXS"), ("q_lora_rank", 0)]
+    out += [("num_nextn_predict_layers", v) for v in ("x", -1, True, 1.5, [1])]
+    out += [("dtype", ["bfloat16"]), ("dtype", 16), ("dtype", "int8"), ("torch_dtype", {"a": 1})]
+    out += [("quantization_config", "fp8"), ("quantization_config", [FP8_CONFIG]),
+            ("quantization_config.weight_block_size", ["128", "128"]),
+            ("quantization_config.weight_block_size", [128, 128, 128]), ("quantization_config.scale_fmt", ["ue8m0"]),
+            ("quantization_config.quant_method", ["fp8"]), ("quantization_config.fmt", {"e4m3": 1}),
+            ("quantization_config.activation_scheme", 0), ("quantization_config.modules_to_not_convert", "lm_head"),
+            ("quantization_config.modules_to_not_convert", [5]), ("quantization_config.dequantize", "no")]
+    out += [("weight_map", []), ("weight_map", {}), ("weight_map.model.norm.weight", 5),
+            ("weight_map.model.norm.weight", None), ("weight_map.model.norm.weight", ["a.safetensors"])]
+    return out
+
+
+def _with_value(hf: dict, key: str, value) -> None:
+    if key.startswith("rope_parameters."):
+        hf["rope_parameters"] = {**hf["rope_parameters"], key.split(".", 1)[1]: value}
+    elif key.startswith("quantization_config."):
+        hf["quantization_config"] = {**FP8_CONFIG, key.split(".", 1)[1]: value}
+    else:
+        hf[key] = value
+
+
+@pytest.mark.parametrize("key, value", _malformed_values(), ids=lambda v: repr(v)[:40])
+def test_a_malformed_config_value_is_a_checkpoint_error_naming_its_key(tmp_path, small_checkpoint, key, value):
+    """Before, `num_nextn_predict_layers: "x"`, a list for `dtype` or a non-string weight_map value
+    raised a raw ValueError / TypeError, and some (`routed_scaling_factor: "x"`) loaded."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    hf = json.loads((small_checkpoint / "config.json").read_text())
+    if key.startswith("weight_map"):
+        weight_map = value if key == "weight_map" else {"model.norm.weight": value}
+        (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    else:
+        _with_value(hf, key, value)
+        os.link(small_checkpoint / "model.safetensors", root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError) as info:
+        GLM5ForCausalLM.from_pretrained(root)
+    error = info.value
+    assert error.field == key and f"field '{key}'" in str(error), str(error)
+    assert error.file == ("model.safetensors.index.json" if key.startswith("weight_map") else "config.json")
+
+
+#: Every key a GLM-5 config.json (transformers' GlmMoeDsaConfig, FineGrainedFP8Config) or the
+#: loader's documentation names, and the index's.
+CONFIG_KEYS = sorted({
+    "_name_or_path", "architectures", "attention_bias", "attention_dropout", "bos_token_id", "dtype", "eos_token_id",
+    "first_k_dense_replace", "head_dim", "hidden_act", "hidden_size", "index_head_dim", "index_n_heads", "index_topk",
+    "indexer_types", "initializer_range", "intermediate_size", "kv_lora_rank", "layer_types", "max_position_embeddings",
+    "mlp_bias", "mlp_layer_types", "model_type", "moe_intermediate_size", "n_group", "n_routed_experts",
+    "n_shared_experts", "norm_topk_prob", "num_attention_heads", "num_experts_per_tok", "num_hidden_layers",
+    "num_key_value_heads", "pad_token_id", "q_lora_rank", "qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim",
+    "rms_norm_eps", "rope_parameters", "routed_scaling_factor", "tie_word_embeddings", "topk_group", "use_cache",
+    "v_head_dim", "vocab_size", "torch_dtype", "rope_theta", "index_topk_pattern", "index_topk_freq",
+    "index_skip_topk_offset", "num_nextn_predict_layers", "quantization_config", "rope_parameters.rope_type",
+    "rope_parameters.type", "rope_parameters.rope_theta"} | {f"quantization_config.{k}" for k in (
+        "activation_scheme", "dequantize", "expert_dtype", "modules_to_convert", "modules_to_not_convert",
+        "ignored_layers", "quant_method", "scale_fmt", "weight_block_size", "fmt")})
+
+
+@pytest.mark.parametrize("key", CONFIG_KEYS)
+def test_every_config_key_the_loader_reads_is_validated(monkeypatch, small_checkpoint, key):
+    """The key set to a value no JSON holds (a bare object(): not a number, string, list or
+    mapping, never equal to anything): the loader either does not read the key, or names it in
+    a CheckpointError. A key read without validation fails here with the TypeError /
+    AttributeError its use raises, whichever key a future change starts reading."""
+    from glm5_hal.models import checkpoint
+    hf = json.loads((small_checkpoint / "config.json").read_text())
+    _with_value(hf, key, object())
+    read_json = checkpoint._read_json
+    monkeypatch.setattr(checkpoint, "_read_json", lambda path: hf if path.name == "config.json" else read_json(path))
+    try:
+        GLM5ForCausalLM.from_pretrained(small_checkpoint)
+    except CheckpointError as e:
+        assert e.field == key, str(e)
+
+
+def test_a_config_override_stays_an_error_naming_the_override(tmp_path, small_checkpoint):
+    with pytest.raises(hal.InvalidInputError, match="argument 'attention'") as info:
+        GLM5ForCausalLM.from_pretrained(small_checkpoint, attention="sideways")
+    assert not isinstance(info.value, CheckpointError)
+
+
 # -- errors -------------------------------------------------------------------------------------------
 def _edited(tmp_path, edit, config: GLM5Config = TINY, quantization_config=None, fp8: bool = False) -> Path:
     if fp8:
@@ -449,6 +830,44 @@ def test_int8_conversion_runs_the_int8_gemms_and_tracks_the_float_model(tmp_path
     from_fp8 = GLM5ForCausalLM.from_pretrained(root, dtype=torch.float32, quantize="int8")
     assert from_fp8.checkpoint_info.linear_formats == {"int8": 51, "float": 6}
     assert relative_rms(logits(from_fp8, ids), logits(full, ids)) <= 0.15
+
+
+def test_int8_conversion_dequantizes_every_fp8_block_with_its_own_scale(tmp_path):
+    """quantize="int8" of an FP8 checkpoint, weight by weight against the test's own
+    dequantization (fp8_blocks): every int8 row times its scale is the dequantized row within
+    half a quantization step (plus float32 rounding), and the weights kept float (kv_b_proj,
+    FP8's dense_weight) equal it exactly. The block scales differ by up to 2^10 within a weight,
+    so a scale grid read transposed or shifted moves weights by orders of magnitude."""
+    root, dequantized = fp8_checkpoint(tmp_path / "fp8")
+    int8 = GLM5ForCausalLM.from_pretrained(root, dtype=torch.float32, quantize="int8")
+    pairs = []                       # (checkpoint name, int8 codes, per-row scales)
+    for path, module in int8.named_modules():
+        if isinstance(module, Int8Linear):
+            pairs.append((path + ".weight", module.weight, module.weight_scale))
+        elif isinstance(module, Int8Experts):
+            views = dict(expert_views(module, path + "."))
+            pairs += [(name, view, views[name + "_scale"]) for name, view in views.items() if name.endswith(".weight")]
+    assert len(pairs) == 51
+    for name, q, scale in pairs:
+        step = scale.double()[:, None]
+        error = (q.double() * step - dequantized[name].double()).abs()
+        # half a step, plus the float32 rounding of w / step (|w / step| <= 127: 2^-17 steps)
+        assert bool((error <= (0.5 + 2 ** -16) * step).all()), name
+    kept = {p: m.weight for p, m in int8.named_modules() if p.endswith("kv_b_proj")}
+    assert len(kept) == 3 and all(torch.equal(w, dequantized[p + ".weight"]) for p, w in kept.items())
+    fp8 = GLM5ForCausalLM.from_pretrained(root, dtype=torch.float32)
+    dense = {p: m.dense_weight for p, m in fp8.named_modules() if p.endswith("kv_b_proj")}
+    assert len(dense) == 3 and all(torch.equal(w, dequantized[p + ".weight"]) for p, w in dense.items())
+
+
+def test_fp8_test_checkpoints_spread_their_block_scales_over_orders_of_magnitude(tmp_path):
+    """What makes the test above see a misplaced scale: the scales span three orders of
+    magnitude, and within most weights of several blocks they differ by 2x or more."""
+    root, _ = fp8_checkpoint(tmp_path / "fp8")
+    scales = [t for n, t in file_tensors(root).items() if n.endswith("weight_scale_inv")]
+    assert float(max(t.max() for t in scales) / min(t.min() for t in scales)) >= 1000
+    ratios = [float(t.max() / t.min()) for t in scales if t.numel() > 1]
+    assert sum(r >= 2 for r in ratios) >= 0.75 * len(ratios)
 
 
 # -- the demo -------------------------------------------------------------------------------------------

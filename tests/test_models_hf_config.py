@@ -53,6 +53,25 @@ def test_unrepresentable_fields_are_rejected_not_ignored(tmp_path):
         GLM5Config.from_hf_config(42)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("num_hidden_layers", "4"), ("hidden_size", 256.0), ("q_lora_rank", None), ("norm_topk_prob", "yes"),
+    ("routed_scaling_factor", "2.5"), ("rms_norm_eps", float("nan")), ("rope_theta", [1e6]),
+    ("rope_parameters", ["default"]), ("rope_parameters.rope_theta", "1e6"), ("mlp_layer_types", "dense"),
+    ("indexer_types", 3), ("index_topk_pattern", "FSXF"), ("index_topk_freq", None), ("_name_or_path", 7),
+    ("vocab_size", True)])
+def test_a_field_of_the_wrong_type_is_named_not_a_type_error(field, value):
+    """Each read field's JSON type is checked before use (before, `"4"` layers or a list rope
+    raised TypeError / AttributeError, and a string scaling factor was accepted)."""
+    hf = dict(TINY_HF)
+    if field.startswith("rope_parameters."):
+        hf["rope_parameters"] = {"rope_type": "default", field.split(".")[1]: value}
+    else:
+        hf[field] = value
+    with pytest.raises(hal.InvalidInputError) as info:
+        GLM5Config.from_hf_config(hf)
+    assert info.value.arg == field and f"'{field}'" in str(info.value)
+
+
 def test_defaults_and_derivations_match_transformers():
     transformers = pytest.importorskip("transformers")
     hf = transformers.GlmMoeDsaConfig()

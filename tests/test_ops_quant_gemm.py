@@ -99,6 +99,61 @@ def test_fp8_nan_codes_poison_their_row_and_column_only():
     assert torch.equal(out.isnan(), nan) and bool((out[~nan] == 128).all())
 
 
+# -- partial blocks against an independent float64 formula -----------------------------------------
+# The scale of element (i, j) is scale[i // 128, j // 128]: computed here by indexing, not by
+# repeating blocks as the reference does, with block scales 2^-8 .. 2^8 apart at random, so that a
+# partial row or column block that takes a neighbour's scale is off by orders of magnitude (with
+# near-identical scales, a misaligned partial block survived every unit test).
+
+def scale_of_every_element(scale: torch.Tensor, rows: int, cols: int, block_rows: int = 128) -> torch.Tensor:
+    return scale.double()[torch.arange(rows) // block_rows][:, torch.arange(cols) // 128]
+
+
+def spread_block_scales(g: torch.Generator, shape) -> torch.Tensor:
+    return torch.exp2(torch.randint(-8, 9, shape, generator=g).float()) * (1 + torch.rand(shape, generator=g))
+
+
+def fp8_codes(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return (torch.randn(shape, generator=g) * 64).clamp(-448, 448).to(FP8)
+
+
+def fp8_gemm_backends() -> list[str]:
+    return [b.name for b in hal.backends() if b.available and "fp8_block_gemm" in b.ops]
+
+
+@pytest.mark.parametrize("n,k", [(200, 200), (129, 257), (1, 130), (300, 64), (130, 384), (256, 256), (127, 1)])
+def test_fp8_block_dequantize_partial_row_and_column_blocks(n, k):
+    """The reference's weight dequantization (the models' FP8 -> float and FP8 -> INT8 paths
+    and every reference FP8 GEMM): e4m3 codes times a float32 scale are exact in float64, and
+    in float32 one rounding of that exact product."""
+    g = seeded(n * 1000 + k)
+    w, scale = fp8_codes(g, n, k), spread_block_scales(g, (-(-n // 128), -(-k // 128)))
+    exact = w.double() * scale_of_every_element(scale, n, k)
+    assert torch.equal(hal.reference.quant.fp8_block_dequantize(w, scale, torch.float64), exact)
+    assert torch.equal(hal.reference.quant.fp8_block_dequantize(w, scale), exact.float())
+
+
+@pytest.mark.parametrize("backend", fp8_gemm_backends())
+@pytest.mark.parametrize("m,n,k", [(5, 200, 256), (3, 129, 384), (7, 300, 128), (2, 1, 256), (4, 257, 640)])
+def test_fp8_block_gemm_partial_row_blocks_against_float64(backend, m, n, k):
+    """Every available backend (the reference included, explicitly) on weights with a partial
+    last row block, activations with one scale per row and 128 columns."""
+    g = seeded(m * 10000 + n * 10 + k)
+    a, a_scale = fp8_codes(g, m, k), spread_block_scales(g, (m, k // 128))
+    w, w_scale = fp8_codes(g, n, k), spread_block_scales(g, (-(-n // 128), k // 128))
+    ad = a.double() * scale_of_every_element(a_scale, m, k, block_rows=1)
+    wd = w.double() * scale_of_every_element(w_scale, n, k)
+    with hal.use(backend):
+        out = hal.ops.fp8_block_gemm(a, a_scale, w, w_scale, torch.float32)
+        grouped = hal.ops.fp8_grouped_gemm(torch.cat((a, a)), torch.cat((a_scale, a_scale)), torch.stack((w, w)),
+                                           torch.stack((w_scale, w_scale * 4)), torch.tensor([m, m], dtype=I32),
+                                           torch.float32)
+    bound = magnitude_bound(ad, wd, torch.float32)
+    assert bool(((out.double() - ad @ wd.T).abs() <= bound).all())
+    assert bool(((grouped[:m].double() - ad @ wd.T).abs() <= bound).all())
+    assert bool(((grouped[m:].double() - 4 * (ad @ wd.T)).abs() <= 4 * bound).all())
+
+
 # -- grouped forms -------------------------------------------------------------------------------
 
 @settings(max_examples=25, deadline=None, derandomize=True)

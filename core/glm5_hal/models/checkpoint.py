@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import secrets
+import shutil
 import time
 import warnings
 from contextlib import ExitStack
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -31,7 +34,9 @@ from torch import Tensor, nn
 
 from ..errors import InvalidInputError
 from .config import GLM5Config
+from .hf_config import hf_field
 from .layers import Experts, expert_views
+from .module_patterns import ModulePattern, PatternError
 from .quantized import FP8_BLOCK, Fp8Experts, Fp8Linear, Int8Experts, Int8Linear, ceil_div, write_weight
 
 OP_LOAD = "GLM5ForCausalLM.from_pretrained"
@@ -59,17 +64,29 @@ DEFAULT_FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
 
 
 class CheckpointError(InvalidInputError):
-    """A checkpoint tensor that does not fit the model: unknown, missing, of the wrong shape,
-    dtype or format. `tensor` names it and `file` the file it is in (or None when missing)."""
+    """A checkpoint that does not fit the model or cannot be read as one: a tensor that is
+    unknown, missing, of the wrong shape, dtype or format, or stored where it may not be
+    (`tensor` names it and `file` the file it is in, or None when missing); or a malformed
+    config.json / index value (`kind="field"`: `field` names the key, `file` the file)."""
 
-    def __init__(self, op: str, tensor: str, expected: object, actual: object, file: str | None = None):
+    def __init__(self, op: str, tensor: str, expected: object, actual: object, file: str | None = None,
+                 kind: str = "tensor"):
         self.op, self.arg, self.expected, self.actual, self.backend = op, tensor, expected, actual, None
-        self.tensor, self.file = tensor, file
-        where = f" in {file}" if file else ""
-        Exception.__init__(self, f"{op}: tensor '{tensor}'{where}: expected {expected}, got {actual}")
+        self.file, self.kind = file, kind
+        self.tensor = tensor if kind == "tensor" else None
+        self.field = tensor if kind == "field" else None
+        if kind == "field":
+            what = f"{file} field '{tensor}'" if file else f"field '{tensor}'"
+        else:
+            what = f"tensor '{tensor}'" + (f" in {file}" if file else "")
+        Exception.__init__(self, f"{op}: {what}: expected {expected}, got {actual}")
 
     def __reduce__(self):
-        return (type(self), (self.op, self.tensor, self.expected, self.actual, self.file))
+        return (type(self), (self.op, self.arg, self.expected, self.actual, self.file, self.kind))
+
+
+def _field_error(key: str, expected: object, actual: object, file: str = "config.json") -> CheckpointError:
+    return CheckpointError(OP_LOAD, key, expected, actual, file, kind="field")
 
 
 class SkippedTensorsWarning(UserWarning):
@@ -99,19 +116,18 @@ class Fp8Scheme:
     modules_to_not_convert: tuple[str, ...]
     config: dict[str, Any]                   # as read (written back by save_pretrained)
 
+    patterns: tuple[ModulePattern, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.patterns) != len(self.modules_to_not_convert):
+            object.__setattr__(self, "patterns", tuple(ModulePattern(k) for k in self.modules_to_not_convert))
+
     def converts(self, module: str) -> bool:
-        """Whether the config lets `module` be FP8 (HF's matching of modules_to_not_convert:
-        a prefix ending at a module boundary, a regular expression with the same boundary, or a
-        suffix)."""
-        for key in self.modules_to_not_convert:
-            try:
-                if re.match(rf"(?:{key})(?:(?<=\.)|(?=\.|$))", module):
-                    return False
-            except re.error:
-                pass
-            if module.endswith(key):
-                return False
-        return True
+        """Whether the config lets `module` be FP8: transformers' `should_convert_module`
+        (quantizers/quantizers_utils.py, 5.24.0) on modules_to_not_convert, each key a prefix
+        ending at a module boundary, a regular expression with that boundary, or a suffix;
+        matched by `module_patterns.ModulePattern` in time linear in the name (no backtracking)."""
+        return not any(p.matches(module) for p in self.patterns)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +158,13 @@ def load_pretrained(cls: type, path, dtype=None, quantize: str | None = None, de
     if quantize not in QUANTIZE:
         raise InvalidInputError(OP_LOAD, "quantize", f"one of {QUANTIZE}", repr(quantize))
     hf = _read_json(root / CONFIG_FILE)
-    config = GLM5Config.from_hf_config(hf, **dict(config_overrides or {}))
+    config = _config(hf, dict(config_overrides or {}))
     scheme = fp8_scheme(hf.get("quantization_config"))
+    mtp_layers = _mtp_layers(hf)
+    named_dtype = _named_dtype(hf)
     entries = _scan(root)
-    entries, skipped = _without_mtp_layers(entries, config, hf)
-    dtype = _model_dtype(dtype, hf, entries)
+    entries, skipped = _without_mtp_layers(entries, config, mtp_layers)
+    dtype = _model_dtype(dtype, named_dtype, entries)
     device = torch.device(device if device is not None else "cpu")
 
     with torch.device("meta"):
@@ -180,36 +198,50 @@ def load_pretrained(cls: type, path, dtype=None, quantize: str | None = None, de
 def fp8_scheme(qc) -> Fp8Scheme | None:
     """The FP8 scheme of a config.json `quantization_config`, None without one. Anything but
     DeepSeek-V3 / GLM-5-FP8 block FP8 (quant_method "fp8", fmt "e4m3", weight_block_size
-    [128, 128], dynamic activations, float32 scales) raises InvalidInputError naming the field.
+    [128, 128], dynamic activations, float32 scales) raises CheckpointError naming the field.
     Absent fields take transformers' FineGrainedFP8Config defaults."""
     if qc is None:
         return None
     if not isinstance(qc, dict):
-        raise InvalidInputError(OP_LOAD, "quantization_config", "a JSON object", type(qc).__name__)
+        raise _field_error("quantization_config", "a JSON object", type(qc).__name__)
 
     def need(field, default, expected, ok):
         value = qc.get(field, default)
         if not ok(value):
-            raise InvalidInputError(OP_LOAD, f"quantization_config.{field}", expected, repr(value))
+            raise _field_error(f"quantization_config.{field}", expected, repr(value)[:200])
         return value
 
     need("quant_method", None, "'fp8' (DeepSeek-V3 / GLM-5-FP8 128 x 128 block FP8; no other method is supported)",
          lambda v: v == "fp8")
     need("fmt", "e4m3", "'e4m3' (float8_e4m3fn weights)", lambda v: v == "e4m3")
     need("weight_block_size", [FP8_BLOCK, FP8_BLOCK], f"[{FP8_BLOCK}, {FP8_BLOCK}] (the blocks fp8_block_gemm takes)",
-         lambda v: isinstance(v, (list, tuple)) and list(v) == [FP8_BLOCK, FP8_BLOCK])
+         lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(b) and b == FP8_BLOCK for b in v))
     need("activation_scheme", "dynamic", "'dynamic' (activation scales computed per token and 128 columns)",
          lambda v: v == "dynamic")
     scale_fmt = need("scale_fmt", None, "absent, 'float' or 'ue8m0' (float32 weight scales; 'ue8m0' rounds the "
                      "activation scales up to powers of two, as DeepSeek-V3.2 does)",
-                     lambda v: v in (None, "float", "ue8m0"))
+                     lambda v: isinstance(v, (str, type(None))) and v in (None, "float", "ue8m0"))
     need("expert_dtype", "fp8", "'fp8' (FP4 experts are not supported)", lambda v: v == "fp8")
     need("modules_to_convert", None, "none (FP8 embeddings are not supported)", lambda v: not v)
-    need("dequantize", False, "false (to run FP8 weights in float, dequantize them after loading)", lambda v: not v)
+    need("dequantize", False, "false (to run FP8 weights in float, dequantize them after loading)",
+         lambda v: v is False or v is None)
     key = "modules_to_not_convert" if qc.get("modules_to_not_convert") is not None else "ignored_layers"
     skip = need(key, None, "a list of module names", lambda v: v is None or (
         isinstance(v, list) and all(isinstance(s, str) for s in v)))
-    return Fp8Scheme("ue8m0" if scale_fmt == "ue8m0" else None, tuple(skip or ()), dict(qc))
+    patterns = []
+    for i, pattern in enumerate(skip or ()):
+        try:
+            patterns.append(ModulePattern(pattern))
+        except PatternError as e:
+            raise _field_error(f"quantization_config.{key}[{i}]", "a module name or a regular expression as "
+                               "transformers matches them, without what only backtracking can match "
+                               "(backreferences, lookaround, possessive repeats, inline flags, \\b)",
+                               f"{pattern[:100]!r}: {e}") from None
+    return Fp8Scheme("ue8m0" if scale_fmt == "ue8m0" else None, tuple(skip or ()), dict(qc), tuple(patterns))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _checkpoint_dir(path) -> Path:
@@ -231,17 +263,82 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _config(hf: dict[str, Any], overrides: dict[str, Any]) -> GLM5Config:
+    """The model config of config.json: a malformed or unsupported value is a CheckpointError
+    naming its config.json key; a bad override stays an InvalidInputError naming it."""
+    try:
+        return GLM5Config.from_hf_config(hf, **overrides)
+    except InvalidInputError as e:
+        if e.arg in overrides:
+            raise
+        # from_hf_config names config.json's keys; GLM5Config (its range checks) its own fields
+        key = hf_field(e.arg, hf) if e.op == "GLM5Config" else e.arg
+        raise _field_error(key, e.expected, e.actual) from None
+
+
+def _mtp_layers(hf: Mapping[str, Any]) -> int:
+    """How many multi-token-prediction layers follow the decoder layers (at least 1)."""
+    value = hf.get("num_nextn_predict_layers")
+    if value is not None and not (_is_int(value) and value >= 0):
+        raise _field_error("num_nextn_predict_layers", "an int >= 0 (absent: 1)", repr(value)[:200])
+    return max(1, value or 1)
+
+
+def _named_dtype(hf: Mapping[str, Any]) -> tuple[str, Any]:
+    """config.json's `dtype` (`torch_dtype` before transformers 5): (the key, its value or None)."""
+    for key in ("dtype", "torch_dtype"):
+        value = hf.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _field_error(key, "a dtype name such as 'bfloat16' (or absent)", repr(value)[:200])
+    return next(((k, hf[k]) for k in ("dtype", "torch_dtype") if hf.get(k) is not None), ("dtype", None))
+
+
+def _weight_file(root: Path, file: str, named_by: str | None) -> Path:
+    """The path of a weight file, which must lie inside the checkpoint directory: no absolute
+    path or `..` in an index entry, and no symlink leading outside (except, in a Hugging Face
+    cache snapshot `.../snapshots/<revision>/`, into the repository's `blobs/`, where the hub's
+    own symlinks point)."""
+    tensor = named_by or file
+    where = INDEX_FILE if named_by else None
+    expected = "a weight file inside the checkpoint directory"
+    parts = PurePosixPath(file).parts
+    if (not file or PurePosixPath(file).is_absolute() or PureWindowsPath(file).is_absolute()
+            or PureWindowsPath(file).drive or ".." in parts or "\\" in file or "\0" in file):
+        raise CheckpointError(OP_LOAD, tensor, f"{expected} (a relative path without '..', as {INDEX_FILE} "
+                              "names its shards)", repr(file)[:200], where)
+    path = root / file
+    inside = [root.resolve()]
+    if inside[0].parent.name == "snapshots":
+        inside.append(inside[0].parent.parent / "blobs")
+    target = path.resolve()
+    if not any(target.is_relative_to(d) for d in inside):
+        raise CheckpointError(OP_LOAD, tensor, f"{expected} ({file} must not lead outside {root})",
+                              f"a link to {target}", where)
+    return path
+
+
 def _scan(root: Path) -> dict[str, _Entry]:
     """Every tensor of the checkpoint's weight files, from their headers (no data is read):
-    model.safetensors, else the shards named by model.safetensors.index.json (each tensor where
-    the index says)."""
-    if (root / WEIGHTS_FILE).is_file():
+    model.safetensors, or the shards named by model.safetensors.index.json (each tensor where
+    the index says). A directory holding both is refused: it is what an interrupted save
+    of another layout leaves, and either could be the stale one."""
+    single, indexed = (root / WEIGHTS_FILE), (root / INDEX_FILE)
+    if (single.exists() or single.is_symlink()) and (indexed.exists() or indexed.is_symlink()):
+        raise InvalidInputError(OP_LOAD, "path", f"either {WEIGHTS_FILE} or {INDEX_FILE} in {root}, not both",
+                                f"both {WEIGHTS_FILE} and {INDEX_FILE} (left by an interrupted save, or by two "
+                                "saves of different layouts: remove the stale one)")
+    if single.is_file():
         files, index = [WEIGHTS_FILE], None
-    elif (root / INDEX_FILE).is_file():
-        weight_map = _read_json(root / INDEX_FILE).get("weight_map")
+        _weight_file(root, WEIGHTS_FILE, None)
+    elif indexed.is_file():
+        weight_map = _read_json(indexed).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise InvalidInputError(OP_LOAD, INDEX_FILE, "a non-empty 'weight_map' of tensor name -> file",
-                                    repr(weight_map)[:200])
+            raise _field_error("weight_map", "a non-empty object of tensor name -> file", repr(weight_map)[:200],
+                               INDEX_FILE)
+        for name, file in weight_map.items():
+            if not isinstance(file, str):
+                raise _field_error(f"weight_map.{name}", "a file name (a string)", repr(file)[:200], INDEX_FILE)
+            _weight_file(root, file, name)
         index = weight_map
         files = sorted(set(weight_map.values()))
     else:
@@ -275,11 +372,11 @@ def _scan(root: Path) -> dict[str, _Entry]:
     return entries
 
 
-def _without_mtp_layers(entries: dict[str, _Entry], config: GLM5Config, hf: Mapping[str, Any]):
+def _without_mtp_layers(entries: dict[str, _Entry], config: GLM5Config, mtp_layers: int):
     """The entries minus those of the multi-token-prediction layers, which checkpoints store as
     `model.layers.<num_hidden_layers + i>.*` (i < num_nextn_predict_layers, at least 1)."""
     layers = config.num_layers
-    mtp = range(layers, layers + max(1, int(hf.get("num_nextn_predict_layers") or 1)))
+    mtp = range(layers, layers + mtp_layers)
     kept, skipped = {}, []
     for name, entry in entries.items():
         match = re.match(r"model\.layers\.(\d+)\.", name)
@@ -290,13 +387,16 @@ def _without_mtp_layers(entries: dict[str, _Entry], config: GLM5Config, hf: Mapp
     return kept, sorted(skipped)
 
 
-def _model_dtype(dtype, hf: Mapping[str, Any], entries: Mapping[str, _Entry]) -> torch.dtype:
+def _model_dtype(dtype, named: tuple[str, Any], entries: Mapping[str, _Entry]) -> torch.dtype:
     """dtype, else config.json's `dtype` (`torch_dtype` before transformers 5), else the
     embeddings' storage dtype, else bfloat16."""
     if dtype is None:
-        named = hf.get("dtype") or hf.get("torch_dtype")
-        if named in DTYPES:
-            return DTYPES[named]
+        key, name = named
+        if name is not None:
+            if name not in DTYPES:
+                raise _field_error(key, f"one of {sorted(DTYPES)} (or pass dtype= to choose the model dtype)",
+                                   repr(name)[:200])
+            return DTYPES[name]
         embed = entries.get("model.embed_tokens.weight")
         stored = FLOAT_STORAGE.get(embed.dtype) if embed else None
         return stored if stored in DTYPES.values() else torch.bfloat16
@@ -481,8 +581,20 @@ def _fill(model: nn.Module, entries: Mapping[str, _Entry], root: Path, device: t
 
 
 # -- saving -------------------------------------------------------------------------------------
+#: The files a save owns in its directory: it replaces them, and leaves every other file alone.
+def _owned(name: str) -> bool:
+    return name in (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE) or bool(_SHARD_PATTERN.fullmatch(name))
+
+
 def save_pretrained(model: nn.Module, path, max_shard_size: int | str = "5GB") -> list[str]:
-    """`model.save_pretrained`: see GLM5ForCausalLM.save_pretrained. Returns the files written."""
+    """`model.save_pretrained`: see GLM5ForCausalLM.save_pretrained. Returns the files written.
+
+    Everything that can be refused is checked before the filesystem is touched. The files are
+    written into a fresh directory beside the target (`.<name>.saving-<random>`, fsynced), then:
+    a target that does not exist is that directory renamed into place (atomic); in an existing
+    directory the save's own files are exchanged by renames so that at every moment the
+    directory holds the complete old checkpoint, the complete new one, or no weights entry
+    point (model.safetensors / index), which from_pretrained refuses: see `_replace_owned`."""
     units = list(_units(model))
     int8 = [u.name for u in units if u.format == "int8"]
     if int8:
@@ -490,10 +602,13 @@ def save_pretrained(model: nn.Module, path, max_shard_size: int | str = "5GB") -
                                 f"INT8 W8A8 weights (e.g. {int8[0]}): quantize='int8' is a conversion at load; "
                                 "save the checkpoint it was loaded from instead")
     limit = shard_size(max_shard_size)
-    root = Path(path)
-    if root.exists() and not root.is_dir():
-        raise InvalidInputError(OP_SAVE, "path", "a directory (created if missing)", f"{str(root)!r} is a file")
-    root.mkdir(parents=True, exist_ok=True)
+    dtype_name = next((name for name, d in DTYPES.items() if d == model.dtype), None)
+    if dtype_name is None:
+        raise InvalidInputError(OP_SAVE, "model", f"weights in one of {sorted(DTYPES)} (the dtypes config.json's "
+                                "`dtype` names; convert with model.to(torch.bfloat16) first)",
+                                f"{str(model.dtype).removeprefix('torch.')} weights")
+    config = json.dumps(_hf_config(model, units, dtype_name), indent=2, sort_keys=True) + "\n"
+    target = _save_target(path)
 
     tensors = [(name, t) for unit in units for name, t in _checkpoint_tensors(unit)]
     shards: list[list[tuple[str, Tensor]]] = [[]]
@@ -506,24 +621,124 @@ def save_pretrained(model: nn.Module, path, max_shard_size: int | str = "5GB") -
         shards[-1].append((name, t))
         size += nbytes
     names = [WEIGHTS_FILE] if len(shards) == 1 else [SHARD_FILE.format(i + 1, len(shards)) for i in range(len(shards))]
-    for file, shard in zip(names, shards):
-        # views of one stacked expert tensor share its storage without overlapping, which
-        # safetensors >= 0.4 accepts; .to("cpu") copies only tensors on another device
-        save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(root / file),
-                  metadata={"format": "pt"})
     written = list(names)
+    index = None
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for _, t in tensors)},
                  "weight_map": {name: file for file, shard in zip(names, shards) for name, _ in shard}}
-        (root / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         written.append(INDEX_FILE)
-    (root / CONFIG_FILE).write_text(json.dumps(_hf_config(model, units), indent=2, sort_keys=True) + "\n")
     written.append(CONFIG_FILE)
-    for stale in root.iterdir():       # weights of an earlier save that from_pretrained would read
-        weights = stale.name in (WEIGHTS_FILE, INDEX_FILE) or _SHARD_PATTERN.fullmatch(stale.name)
-        if weights and stale.name not in written:
-            stale.unlink()
+
+    # -- nothing was touched up to here ----------------------------------------------------------
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = _fresh_dir(target.parent, f".{target.name}.saving-")
+    try:
+        for file, shard in zip(names, shards):
+            # views of one stacked expert tensor share its storage without overlapping, which
+            # safetensors >= 0.4 accepts; .to("cpu") copies only tensors on another device
+            save_file({name: t.detach().to("cpu").contiguous() for name, t in shard}, str(staging / file),
+                      metadata={"format": "pt"})
+        if index is not None:
+            (staging / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (staging / CONFIG_FILE).write_text(config)
+        for file in written:
+            _fsync(staging / file)
+        _fsync(staging)
+        entry = INDEX_FILE if index is not None else WEIGHTS_FILE
+        if target.is_dir():                    # kept, with its other files, mode and owner
+            _replace_owned(target, staging, written, entry)
+        else:
+            try:
+                os.rename(staging, target)     # a new directory appears complete, or not at all
+            except OSError:
+                if not target.is_dir():        # (unless one appeared meanwhile)
+                    raise
+                _replace_owned(target, staging, written, entry)
+            else:
+                _fsync(target.parent)
+    except BaseException:
+        if not any((staging / "replaced").glob("*")):     # never delete an old checkpoint not put back
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     return written
+
+
+def _save_target(path) -> Path:
+    """The directory to save into (a symlink to a directory resolved, so that the staging
+    directory is on its file system); refuses a file, a dangling link or a file ancestor."""
+    root = Path(path)
+    if root.is_symlink() and not root.exists():
+        raise InvalidInputError(OP_SAVE, "path", "a directory (created if missing)", f"{str(root)!r} is a dangling link")
+    if root.exists() and not root.is_dir():
+        raise InvalidInputError(OP_SAVE, "path", "a directory (created if missing)", f"{str(root)!r} is a file")
+    target = root.resolve() if root.exists() else Path(os.path.abspath(root))
+    ancestor = target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InvalidInputError(OP_SAVE, "path", "a directory (created if missing)",
+                                f"{str(root)!r}, below the file {str(ancestor)!r}")
+    return target
+
+
+def _fresh_dir(parent: Path, prefix: str) -> Path:
+    """A new directory (mode from the umask, as the target's would have) under a random name."""
+    for _ in range(100):
+        candidate = parent / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{OP_SAVE}: no free staging directory name {prefix}* in {parent}")
+
+
+def _fsync(path: Path) -> None:
+    """Flushes a file's data, or a directory's entries, to disk (the renames that follow must
+    not be persisted before what they publish)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_owned(target: Path, staging: Path, written: list[str], entry: str) -> None:
+    """Moves a complete save from `staging` into the existing directory `target`, keeping every
+    file the save does not own (tokenizer, README, ...). POSIX renames one entry at a time, so
+    the order carries the guarantee:
+
+    1. the old entry points (model.safetensors, the index) move out into `staging/replaced/`;
+       from then on from_pretrained refuses the directory (no weights) instead of loading a mix;
+    2. the rest of the old save's files (config.json, shards) follow them there;
+    3. the new files but the entry point move in;
+    4. the new entry point moves in (the commit): the new checkpoint is complete.
+    Until step 4 the complete old checkpoint is in `staging/replaced/`; a failure before the
+    commit moves it back (a crash leaves it there). After the commit `staging` is removed."""
+    replaced = staging / "replaced"
+    replaced.mkdir()
+    old = [n for n in (WEIGHTS_FILE, INDEX_FILE) if os.path.lexists(target / n)]
+    old += sorted(p.name for p in target.iterdir() if _owned(p.name) and p.name not in old)
+    moved_in: list[str] = []
+    try:
+        for name in old:
+            os.replace(target / name, replaced / name)
+        _fsync(target)
+        for name in [n for n in written if n != entry] + [entry]:
+            if name == entry:
+                _fsync(target)
+            os.replace(staging / name, target / name)
+            moved_in.append(name)
+    except BaseException:
+        if entry not in moved_in:              # not committed: put the old checkpoint back
+            for name in reversed(moved_in):
+                os.replace(target / name, staging / name)
+            for name in reversed(old):
+                if os.path.lexists(replaced / name):
+                    os.replace(replaced / name, target / name)
+        raise
+    _fsync(target)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _checkpoint_tensors(unit: _Unit) -> Iterator[tuple[str, Tensor]]:
@@ -534,14 +749,14 @@ def _checkpoint_tensors(unit: _Unit) -> Iterator[tuple[str, Tensor]]:
             yield f"{unit.name}.{suffix}", tensor
 
 
-def _hf_config(model: nn.Module, units: list[_Unit]) -> dict[str, Any]:
+def _hf_config(model: nn.Module, units: list[_Unit], dtype_name: str) -> dict[str, Any]:
     """config.json: the loaded one's other fields (tokens ids, max positions, ...) kept, the
     model's own fields, dtype and quantization_config as the model holds them."""
     info = getattr(model, "checkpoint_info", None)
     hf = {k: v for k, v in (info.hf_config if info else {}).items()
           if k not in ("dtype", "torch_dtype", "quantization_config")}
     hf.update(model.config.to_hf_config())
-    hf["dtype"] = next(name for name, d in DTYPES.items() if d == model.dtype)
+    hf["dtype"] = dtype_name
     if any(u.format == "fp8" for u in units):
         loaded = (info.hf_config.get("quantization_config") if info else None) or DEFAULT_FP8_CONFIG
         scale_fmt = next((m.scale_fmt for m in model.modules() if isinstance(m, (Fp8Linear, Fp8Experts))), None)

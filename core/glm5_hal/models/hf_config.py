@@ -8,8 +8,9 @@ defaults, so a missing field takes HF's default, not the tiny model's.
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import InvalidInputError
 
@@ -47,29 +48,99 @@ def glm5_config_from_hf(config_cls: type, source: "Mapping[str, Any] | str | os.
     `first_k_dense_replace` dense layers first. Both ropes are interleaved, as in HF's
     `glm_moe_dsa` modeling code (`apply_rotary_pos_emb_interleave` for MLA and the indexer).
     """
-    hf = {**HF_DEFAULTS, **_as_dict(source)}
+    given = _as_dict(source)
+    _check_types(given)
+    hf = {**HF_DEFAULTS, **given}
     _expect("model_type", hf.get("model_type", "glm_moe_dsa"), "'glm_moe_dsa'", lambda v: v == "glm_moe_dsa")
     _expect("hidden_act", hf["hidden_act"], "'silu'", lambda v: v == "silu")
     _expect("attention_bias", hf["attention_bias"], "False", lambda v: v is False)
     _expect("tie_word_embeddings", hf["tie_word_embeddings"], "False (this model has its own lm_head)",
             lambda v: v is False)
     rope = hf.get("rope_parameters") or {}
-    _expect("rope_parameters", rope, "rope_type 'default' (no rope scaling)",
-            lambda v: v.get("rope_type", v.get("type", "default")) == "default")
+    rope_type = "rope_type" if "rope_type" in rope else "type"
+    _expect(f"rope_parameters.{rope_type}", rope.get(rope_type, "default"), "'default' (no rope scaling)",
+            lambda v: v == "default")
     layers, dense = hf["num_hidden_layers"], hf["first_k_dense_replace"]
-    mlp_types = hf.get("mlp_layer_types")
-    if mlp_types is not None:
-        expected = ["dense"] * min(dense, layers) + ["sparse"] * max(layers - dense, 0)
-        _expect("mlp_layer_types", mlp_types, f"{expected} (first_k_dense_replace dense layers first)",
-                lambda v: list(v) == expected)
 
     values: dict[str, Any] = {_RENAMED.get(k, k): hf[k] for k in (*_COPIED, *_RENAMED)}
     values.update(name=hf.get("_name_or_path") or "glm_moe_dsa", rope_interleaved=True,
                   indexer_rope_interleaved=True,
                   rope_theta=float(rope.get("rope_theta", hf["rope_theta"])),
-                  indexer_types=indexer_types(hf, layers))
+                  indexer_types=indexer_types(hf, layers) if layers >= 1 else None)
     values.update(overrides)
-    return config_cls(**values)
+    config = config_cls(**values)          # the fields' own ranges first, then how they agree
+    mlp_types = hf.get("mlp_layer_types")
+    if mlp_types is not None:
+        expected = ["dense"] * min(dense, layers) + ["sparse"] * max(layers - dense, 0)
+        _expect("mlp_layer_types", mlp_types, f"{expected} (first_k_dense_replace dense layers first)",
+                lambda v: list(v) == expected)
+    return config
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_str_list(v) -> bool:
+    return isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
+
+
+_INT = ("an int", _is_int)
+#: The JSON type of every field this module reads (ranges are GLM5Config's to check), so that a
+#: malformed value is named here instead of failing as a TypeError somewhere later. Only the
+#: fields GlmMoeDsaConfig types as optional may be null.
+_NULLABLE = ("rope_parameters", "mlp_layer_types", "indexer_types", "index_topk_pattern", "_name_or_path")
+_FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{k: _INT for k in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                         "num_hidden_layers", "num_attention_heads", "n_shared_experts", "n_routed_experts",
+                         "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "n_group",
+                         "topk_group", "num_experts_per_tok", "index_topk", "index_head_dim", "index_n_heads",
+                         "first_k_dense_replace", "index_topk_freq", "index_skip_topk_offset")},
+    "routed_scaling_factor": ("a finite number", _is_number),
+    "rms_norm_eps": ("a finite number > 0", lambda v: _is_number(v) and v > 0),
+    "rope_theta": ("a finite number > 0", lambda v: _is_number(v) and v > 0),
+    **{k: ("true or false", lambda v: isinstance(v, bool))
+       for k in ("norm_topk_prob", "attention_bias", "tie_word_embeddings")},
+    **{k: ("a string", lambda v: isinstance(v, str)) for k in ("model_type", "hidden_act", "_name_or_path")},
+    "rope_parameters": ("an object (rope_type, rope_theta)", lambda v: isinstance(v, Mapping)),
+    "rope_parameters.rope_type": ("a string", lambda v: isinstance(v, str)),
+    "rope_parameters.type": ("a string", lambda v: isinstance(v, str)),
+    "rope_parameters.rope_theta": ("a finite number > 0", lambda v: _is_number(v) and v > 0),
+    "mlp_layer_types": ("a list of 'dense' / 'sparse'", _is_str_list),
+    "indexer_types": ("a list of 'full' / 'shared'", _is_str_list),
+    "index_topk_pattern": ("a string of 'F' and 'S', or a list of 'full' / 'shared'",
+                           lambda v: isinstance(v, str) or _is_str_list(v)),
+}
+
+
+def _check_types(given: Mapping[str, Any]) -> None:
+    def check(key: str, value) -> None:
+        expected, ok = _FIELD_TYPES[key]
+        if not (ok(value) or (value is None and key in _NULLABLE)):
+            raise InvalidInputError(_OP, key, expected, repr(value)[:200])
+
+    for key, value in given.items():
+        if key in _FIELD_TYPES:
+            check(key, value)
+    pattern = given.get("index_topk_pattern")
+    if isinstance(pattern, str):
+        _expect("index_topk_pattern", pattern, "a string of 'F' and 'S'", lambda v: set(v) <= set("FS"))
+    rope = given.get("rope_parameters") or {}
+    for key in ("rope_type", "type", "rope_theta"):
+        if key in rope:
+            check(f"rope_parameters.{key}", rope[key])
+
+
+def hf_field(name: str, hf: Mapping[str, Any] | None = None) -> str:
+    """The config.json key of a GLM5Config field (GLM5Config's error names its own fields)."""
+    if name == "rope_theta" and isinstance((hf or {}).get("rope_parameters"), Mapping) \
+            and "rope_theta" in hf["rope_parameters"]:
+        return "rope_parameters.rope_theta"
+    return {ours: theirs for theirs, ours in _RENAMED.items()}.get(name, name)
 
 
 def glm5_config_to_hf(config: Any) -> dict[str, Any]:
