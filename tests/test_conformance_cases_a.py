@@ -142,12 +142,16 @@ PRESETS = [pytest.param(("tiny",), id="tiny"), pytest.param(("glm5",), id="glm5"
 EVERY_CACHE_DTYPE = (*DTYPES, "float8_e4m3fn")
 
 
+def at_slots(cache, slots):
+    """(blocks, offsets) of flat slots in a paged cache, contiguous or a block-strided view."""
+    return slots // cache.shape[1], slots % cache.shape[1]
+
+
 def next_slot_too(cache, values, slot_mapping):
     ref.kv_cache_write(cache, values, slot_mapping)
-    rows = cache.view(-1, cache.shape[-1])
     for t, s in enumerate(slot_mapping.tolist()):
-        if 0 <= s < rows.shape[0] - 1:
-            rows[s + 1] = values[t]
+        if 0 <= s < cache.shape[0] * cache.shape[1] - 1:
+            cache[(s + 1) // cache.shape[1], (s + 1) % cache.shape[1]] = values[t]
 
 
 @pytest.mark.parametrize("presets", PRESETS)
@@ -163,7 +167,7 @@ def padding_to_slot_zero(cache, values, slot_mapping):
     ref.kv_cache_write(cache, values, slot_mapping)
     padded = (slot_mapping == -1).nonzero().flatten()
     if padded.numel():
-        cache.view(-1, cache.shape[-1])[0] = values[padded[-1]]
+        cache[0, 0] = values[padded[-1]]
 
 
 @pytest.mark.parametrize("presets", PRESETS)
@@ -216,8 +220,8 @@ def truncating_indexer_k_cache_write(k, k_cache, k_scale, slot_mapping, scale_fm
     written = slot_mapping >= 0
     slots = slot_mapping[written].long()
     q, scale = truncating_fp8_block_quant(k[written], k.shape[-1], scale_fmt)
-    k_cache.view(-1, k_cache.shape[-1]).index_put_((slots,), q)
-    k_scale.view(-1).index_put_((slots,), scale.squeeze(-1).to(k_scale.dtype))
+    k_cache.index_put_(at_slots(k_cache, slots), q)
+    k_scale.index_put_(at_slots(k_scale, slots), scale.squeeze(-1).to(k_scale.dtype))
 
 
 @pytest.mark.parametrize("presets", PRESETS)
@@ -235,9 +239,8 @@ def test_an_indexer_cache_write_that_truncates_is_caught(hal_state, presets):
 
 def scale_also_in_next_slot(k, k_cache, k_scale, slot_mapping, scale_fmt):
     ref.indexer_k_cache_write(k, k_cache, k_scale, slot_mapping, scale_fmt)
-    flat = k_scale.view(-1)
     written = slot_mapping[slot_mapping >= 0].long()
-    flat[(written + 1) % flat.numel()] = flat[written].clone()
+    k_scale[at_slots(k_scale, (written + 1) % k_scale.numel())] = k_scale[at_slots(k_scale, written)].clone()
 
 
 @pytest.mark.parametrize("presets", PRESETS)

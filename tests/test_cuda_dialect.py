@@ -508,5 +508,9 @@ def test_conformance_tiny_preset_on_the_simulated_kernels(simulated, op, hal_sta
     hal_state(plugin, "gpu_sim")
     records = run_all(plan(["gpu_sim"], [op], ["tiny"]))
     assert records
-    assert not [(r.case, r.status, r.reason) for r in records if r.status != "pass"]
+    # the kernel writes contiguous caches; a block-strided page view is declined with that reason
+    # and served by the reference (the kernel's flat slot indexing cannot address it)
+    paged_view = [r for r in records if "paged_view" in r.case]
+    assert all(r.status == "fallback" and "contiguous cache" in r.reason for r in paged_view), paged_view
+    assert not [(r.case, r.status, r.reason) for r in records if r.status != "pass" and r not in paged_view]
     assert any(r.impl == f"gpu_sim.{op}" for r in records)

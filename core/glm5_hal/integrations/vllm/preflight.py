@@ -74,14 +74,14 @@ def _sample_calls(dtype: torch.dtype, device: torch.device, s: DsaShapes):
     table = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32, **kw)
     lens = torch.tensor([6, 3], dtype=torch.int32, **kw)
     slots = torch.tensor([5, 8], dtype=torch.int64, **kw)
-    q_index = torch.randn(2, 1, s.index_heads, s.index_dim, dtype=torch.float32, **kw)
+    q_index = torch.randn(2, 1, s.index_heads, s.index_dim, dtype=torch.float32, **kw)   # vLLM sets the default dtype
     indices = torch.tensor([[[0, 5, -1]], [[2, -1, -1]]], dtype=torch.int32, **kw)
     return [
         ("fp8_block_quant", (torch.randn(2, s.index_dim, dtype=dtype, **kw), s.index_dim, "ue8m0")),
         ("kv_cache_write", (kv_cache, torch.randn(2, row, dtype=dtype, **kw), slots)),
         ("indexer_k_cache_write", (torch.randn(2, s.index_dim, dtype=dtype, **kw), k_cache, k_scale, slots,
                                    "ue8m0")),
-        ("indexer_topk_paged", (q_index, (k_cache, k_scale), torch.rand(2, 1, s.index_heads, **kw), table, lens,
+        ("indexer_topk_paged", (q_index, (k_cache, k_scale), torch.rand(2, 1, s.index_heads, dtype=torch.float32, **kw), table, lens,
                                 s.index_topk)),
         ("sparse_mla_decode_paged", (torch.randn(2, 1, s.heads, row, dtype=dtype, **kw), kv_cache, table, lens,
                                      indices, row ** -0.5, s.kv_lora_rank)),
