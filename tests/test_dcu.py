@@ -15,7 +15,7 @@ import torch
 
 import glm5_hal as hal
 from glm5_hal.backends.dcu import DcuBackend
-from glm5_hal.backends.dcu import ops as dcu_ops
+from glm5_hal.backends._cuda_dialect import per_row_topk
 from glm5_hal.backends.dcu.runtime import DcuRuntime, load_lightop
 from emulators.dcu import LIGHTOP_VERSIONS, DcuEmulator
 
@@ -334,7 +334,7 @@ def test_lightops_top_k_fills_the_unused_slots_like_vllms_kernel():
                                                 dtype=I32), indices, 2, 10, 1, 6)
     assert indices[0].tolist() == [0, 1, 2, -1, -1, -1]
     stale = torch.tensor([[0, 1, 2, 7, 9, -5], [4, 1, 2, 8, 0, 3]], dtype=I32)
-    clean = dcu_ops.sanitise_topk(stale, torch.tensor([3, 10]))
+    clean = per_row_topk.sanitise_topk(stale, torch.tensor([3, 10]))
     assert clean[0].tolist() == [0, 1, 2, -1, -1, -1] and torch.equal(clean[1], stale[1])
 
 
