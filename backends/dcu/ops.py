@@ -27,7 +27,7 @@ from torch import Tensor
 from glm5_hal.backends._cuda_dialect import adapters as gpu
 from glm5_hal.backends._cuda_dialect import per_row_topk
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, rope_angles
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, rope_by_rotary_embedding
 
 from . import arch
 from .runtime import lightop_function
@@ -35,7 +35,7 @@ from .runtime import lightop_function
 if TYPE_CHECKING:
     from . import DcuBackend
 
-_F32, _F16, _BF16, _I32, _I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
+_F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
 FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
@@ -134,21 +134,7 @@ def apply_rope_supported(backend: "DcuBackend", x: Tensor, positions: Tensor, th
 
 
 def apply_rope(backend: "DcuBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
-    tokens, heads, rot = x.shape
-    if x.numel() == 0:
-        return torch.empty_like(x)
-    angles = rope_angles(positions, rot, theta)
-    # One cache row per token (cos of the R/2 angles, then their sin), looked up by the
-    # token's own index, so the cache never spans the largest position.
-    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
-    # The kernel rotates in its scalar type and in place: a float32 copy keeps the
-    # contract's single rounding (bf16 cos/sin would miss it near cancellations)
-    query = x.to(_F32, copy=True).reshape(tokens, heads * rot).contiguous()
-    scratch_key = torch.zeros((tokens, rot), dtype=_F32, device=x.device)  # one head, discarded
-    token_index = torch.arange(tokens, dtype=_I64, device=x.device)
-    backend.runtime.vllm_ops.rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache,
-                                              not interleaved)
-    return query.view(tokens, heads, rot).to(x.dtype)
+    return rope_by_rotary_embedding(backend.runtime.vllm_ops.rotary_embedding, x, positions, theta, interleaved)
 
 
 # -- torch's own ROCm kernels: grouped_gemm --------------------------------------------------------

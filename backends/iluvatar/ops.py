@@ -26,7 +26,7 @@ from torch import Tensor
 from glm5_hal.backends._cuda_dialect import adapters as gpu
 from glm5_hal.backends._cuda_dialect import per_row_topk
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, host_reads_allowed
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, reciprocal_overflow
 
 from . import chips
 
@@ -70,24 +70,6 @@ def rms_norm(backend: "IluvatarBackend", x: Tensor, weight: Tensor, eps: float) 
         return torch.empty_like(x)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return backend.runtime.ixformer.rms_norm(rows, weight.contiguous(), float(eps)).view(x.shape)
-
-
-#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
-#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
-SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
-
-
-def reciprocal_overflow(x: Tensor, kernel: str) -> str | None:
-    """The reason to decline a quantization whose 127 / absmax overflows (a nonzero row below
-    SCALE_OVERFLOW_ABSMAX). A data check: on a device it runs only under GLM5_HAL_CHECKS=full
-    (reading x would synchronise), so there such rows reach the kernel unseen by default."""
-    if not x.numel() or not host_reads_allowed(x):
-        return None
-    absmax = x.detach().float().abs().amax(-1)
-    if bool(((absmax > 0) & (absmax < SCALE_OVERFLOW_ABSMAX)).any()):
-        return (f"a row's absmax is below {SCALE_OVERFLOW_ABSMAX:.3g}: {kernel} multiplies by 127 / absmax (vLLM's "
-                "formula), which overflows to inf and saturates every code")
-    return None
 
 
 def int8_quant_supported(backend: "IluvatarBackend", x: Tensor) -> Verdict:
