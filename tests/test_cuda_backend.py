@@ -16,6 +16,7 @@ Nothing here ran on a GPU: scripts/gpu_check.sh does that on a machine with one.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import shutil
@@ -35,16 +36,12 @@ from emulators.cuda import CudaEmulator, CudaOpError
 from no_sync import DEVICE_TYPE, device_runtime, to_device, to_host, watch
 
 from conftest import REPO, seeded
+from emulated_helpers import as_plugin, declined_reason, randn, register_emulated
 
 EMU = "cuda_emu"
 F32, F16, BF16, I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
 GLM5_SCALE = 256 ** -0.5
-
-
-def as_plugin(backend) -> types.ModuleType:
-    module = types.ModuleType("cuda_emulated_plugin")
-    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
-    return module
+rejection = functools.partial(declined_reason, EMU)
 
 
 def emulated(gpu: str = "H200", kernels=None, **runtime_kwargs) -> CudaBackend:
@@ -56,30 +53,12 @@ def emulated(gpu: str = "H200", kernels=None, **runtime_kwargs) -> CudaBackend:
 
 
 def register(hal_state, monkeypatch, gpu: str = "H200", kernels=None, **runtime_kwargs) -> CudaBackend:
-    """Registered at run time, with the cpu backend disabled: as on a GPU (where the cpu
-    backend cannot take cuda tensors), a declined call runs the reference."""
-    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
-    backend = emulated(gpu, kernels, **runtime_kwargs)
-    hal_state(as_plugin(backend), EMU)
-    assert backend.availability().available, backend.availability().reason
-    return backend
+    return register_emulated(hal_state, monkeypatch, emulated(gpu, kernels, **runtime_kwargs))
 
 
 @pytest.fixture
 def h200(hal_state, monkeypatch) -> CudaBackend:
     return register(hal_state, monkeypatch, "H200")
-
-
-def chosen(op, *args) -> str:
-    return hal.explain(op, *args).chosen
-
-
-def rejection(op, *args) -> str:
-    return dict(hal.explain(op, *args).rejected).get(f"{EMU}.{op}", "")
-
-
-def randn(*shape, g, dtype=F32, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
 # -- probe -----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ name the reason and never reach the vendor function."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import types
 import warnings
@@ -14,21 +15,17 @@ import pytest
 import torch
 
 import glm5_hal as hal
+from glm5_hal.backends._cuda_dialect import per_row_topk
 from glm5_hal.backends.dcu import DcuBackend
-from glm5_hal.backends.dcu import ops as dcu_ops
 from glm5_hal.backends.dcu.runtime import DcuRuntime, load_lightop
 from emulators.dcu import LIGHTOP_VERSIONS, DcuEmulator
 
 from conftest import seeded
+from emulated_helpers import chosen, declined_reason, randn, register_emulated
 
 EMU = "dcu_emu"
 F32, F16, BF16, I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
-
-
-def as_plugin(backend) -> types.ModuleType:
-    module = types.ModuleType("dcu_emulated_plugin")
-    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
-    return module
+rejection = functools.partial(declined_reason, EMU)
 
 
 def emulated(card: str = "K100_AI", **runtime_kwargs) -> DcuBackend:
@@ -36,26 +33,12 @@ def emulated(card: str = "K100_AI", **runtime_kwargs) -> DcuBackend:
 
 
 def register(hal_state, monkeypatch, card: str = "K100_AI", **runtime_kwargs) -> DcuBackend:
-    """An emulated backend registered at run time; the cpu backend is disabled so that, as on a
-    DCU, a declined call runs the reference."""
-    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
-    backend = emulated(card, **runtime_kwargs)
-    hal_state(as_plugin(backend), EMU)
-    assert backend.availability().available, backend.availability().reason
-    return backend
+    return register_emulated(hal_state, monkeypatch, emulated(card, **runtime_kwargs))
 
 
 @pytest.fixture
 def k100(hal_state, monkeypatch) -> DcuBackend:
     return register(hal_state, monkeypatch)
-
-
-def chosen(op, *args) -> str:
-    return hal.explain(op, *args).chosen
-
-
-def rejection(op, *args) -> str:
-    return dict(hal.explain(op, *args).rejected).get(f"{EMU}.{op}", "")
 
 
 @contextlib.contextmanager
@@ -65,10 +48,6 @@ def expect_fallback(reason: str):
         yield
     messages = [str(w.message) for w in caught if issubclass(w.category, hal.FallbackWarning)]
     assert any(f"'{EMU}' declined: " in m and reason in m for m in messages), messages
-
-
-def randn(*shape, g, dtype=F32, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
 # -- which stack is a DCU --------------------------------------------------------------------------
@@ -334,7 +313,7 @@ def test_lightops_top_k_fills_the_unused_slots_like_vllms_kernel():
                                                 dtype=I32), indices, 2, 10, 1, 6)
     assert indices[0].tolist() == [0, 1, 2, -1, -1, -1]
     stale = torch.tensor([[0, 1, 2, 7, 9, -5], [4, 1, 2, 8, 0, 3]], dtype=I32)
-    clean = dcu_ops.sanitise_topk(stale, torch.tensor([3, 10]))
+    clean = per_row_topk.sanitise_topk(stale, torch.tensor([3, 10]))
     assert clean[0].tolist() == [0, 1, 2, -1, -1, -1] and torch.equal(clean[1], stale[1])
 
 

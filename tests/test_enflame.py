@@ -4,6 +4,7 @@ run end to end against the GCU emulator (tests/emulators/enflame.py) on CPU tens
 glm5_hal.reference; declined calls name the reason and never reach the vendor op."""
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -17,16 +18,12 @@ from glm5_hal.backends.enflame.runtime import load_ops
 from emulators.enflame import GcuEmulator
 
 from conftest import seeded
+from emulated_helpers import chosen, declined_reason, randn, register_emulated
 
 EMU = "enflame_emu"
 F32, F16, BF16, I32, I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
 FLOATS = (F32, F16, BF16)
-
-
-def as_plugin(backend) -> types.ModuleType:
-    module = types.ModuleType("enflame_emulated_plugin")
-    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
-    return module
+rejection = functools.partial(declined_reason, EMU)
 
 
 def emulated(chip: str = "gcu400", **runtime_kwargs) -> EnflameBackend:
@@ -34,28 +31,12 @@ def emulated(chip: str = "gcu400", **runtime_kwargs) -> EnflameBackend:
 
 
 def register(hal_state, monkeypatch, chip: str = "gcu400", **runtime_kwargs) -> EnflameBackend:
-    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
-    backend = emulated(chip, **runtime_kwargs)
-    hal_state(as_plugin(backend), EMU)
-    assert backend.availability().available, backend.availability().reason
-    return backend
+    return register_emulated(hal_state, monkeypatch, emulated(chip, **runtime_kwargs))
 
 
 @pytest.fixture
 def gcu(hal_state, monkeypatch) -> EnflameBackend:
     return register(hal_state, monkeypatch)
-
-
-def chosen(op, *args) -> str:
-    return hal.explain(op, *args).chosen
-
-
-def rejection(op, *args) -> str:
-    return dict(hal.explain(op, *args).rejected).get(f"{EMU}.{op}", "")
-
-
-def randn(*shape, g, dtype=F32, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
 # -- probe -----------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ versioned behaviours, and every vendor adapter run end to end against the CoreX 
 name the reason and never reach the vendor function."""
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -20,15 +21,11 @@ from glm5_hal.backends.iluvatar.runtime import IluvatarRuntime, run_query_tool
 from emulators.iluvatar import IluvatarEmulator
 
 from conftest import seeded
+from emulated_helpers import chosen, declined_reason, randn, register_emulated
 
 EMU = "iluvatar_emu"
 F32, F16, BF16, I32, I8 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8
-
-
-def as_plugin(backend) -> types.ModuleType:
-    module = types.ModuleType("iluvatar_emulated_plugin")
-    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
-    return module
+rejection = functools.partial(declined_reason, EMU)
 
 
 def emulated(card: str = "BI-V150", **runtime_kwargs) -> IluvatarBackend:
@@ -37,30 +34,12 @@ def emulated(card: str = "BI-V150", **runtime_kwargs) -> IluvatarBackend:
 
 
 def register(hal_state, monkeypatch, card: str = "BI-V150", **runtime_kwargs) -> IluvatarBackend:
-    """An emulated backend registered at run time; the cpu backend is disabled so that, as on a
-    CoreX machine, a declined call runs the reference."""
-    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
-    backend = emulated(card, **runtime_kwargs)
-    hal_state(as_plugin(backend), EMU)
-    assert backend.availability().available, backend.availability().reason
-    return backend
+    return register_emulated(hal_state, monkeypatch, emulated(card, **runtime_kwargs))
 
 
 @pytest.fixture
 def corex(hal_state, monkeypatch) -> IluvatarBackend:
     return register(hal_state, monkeypatch)
-
-
-def chosen(op, *args) -> str:
-    return hal.explain(op, *args).chosen
-
-
-def rejection(op, *args) -> str:
-    return dict(hal.explain(op, *args).rejected).get(f"{EMU}.{op}", "")
-
-
-def randn(*shape, g, dtype=F32, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
 # -- which stack is CoreX --------------------------------------------------------------------------

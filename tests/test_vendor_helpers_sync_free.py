@@ -1,14 +1,14 @@
-"""The MoE helpers glm5_hal.vendor_backend shares between vendor adapters read no device data
-per call (tests/no_sync.py): their data-dependent checks run on CPU tensors and, on a device,
-only under GLM5_HAL_CHECKS=full; their results are unchanged."""
+"""The MoE and int8 quantization helpers glm5_hal.vendor_backend shares between vendor adapters
+read no device data per call (tests/no_sync.py): their data-dependent checks run on CPU tensors
+and, on a device, only under GLM5_HAL_CHECKS=full; their results are unchanged."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import glm5_hal as hal
-from glm5_hal.vendor_backend import (host_reads_allowed, permuted_in_contract_order, repeated_slot,
-                                     sigmoid_underflow, spare_expert_ids)
+from glm5_hal.vendor_backend import (host_reads_allowed, permuted_in_contract_order, reciprocal_overflow,
+                                     repeated_slot, sigmoid_underflow, spare_expert_ids)
 
 from no_sync import to_device, to_host, watch
 
@@ -55,11 +55,15 @@ def test_permuted_in_contract_order_reads_nothing_and_orders_rows():
 
 def test_data_checks_decline_on_cpu_but_read_nothing_on_a_device():
     logits, src = torch.tensor([[-100.0, 1.0]]), torch.tensor([1, 1, 0], dtype=torch.int32)
+    tiny_row = torch.tensor([[1e-38, 0.0], [1.0, 2.0]])
     assert sigmoid_underflow(logits, "k").startswith("logits below -80")
     assert repeated_slot(src, 4, "k").startswith("src repeats a (token, slot) index")
+    assert reciprocal_overflow(tiny_row, "k").startswith("a row's absmax is below")
+    assert reciprocal_overflow(torch.tensor([[0.0, 0.0], [1.0, 2.0]]), "k") is None  # a zero row does not overflow
     with watch() as syncs:
         assert sigmoid_underflow(to_device(logits), "k") is None
         assert repeated_slot(to_device(src), 4, "k") is None
+        assert reciprocal_overflow(to_device(tiny_row), "k") is None
     assert not syncs, syncs.report()
 
 
@@ -67,3 +71,4 @@ def test_data_checks_run_on_a_device_under_full_checks(full_checks):
     logits, src = to_device(torch.tensor([[-100.0, 1.0]])), to_device(torch.tensor([1, 1, 0], dtype=torch.int32))
     assert sigmoid_underflow(logits, "k").startswith("logits below -80")
     assert repeated_slot(src, 4, "k").startswith("src repeats a (token, slot) index")
+    assert reciprocal_overflow(to_device(torch.tensor([[1e-38, 0.0]])), "k").startswith("a row's absmax is below")

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from glm5_hal.backends._cuda_dialect import WORKSPACE_BUDGET_BYTES
 from glm5_hal.backends._cuda_dialect import adapters as gpu
+from glm5_hal.backends._cuda_dialect import per_row_topk
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, rope_angles
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, rope_by_rotary_embedding
 
 from . import arch
 from .runtime import lightop_function
@@ -35,7 +35,7 @@ from .runtime import lightop_function
 if TYPE_CHECKING:
     from . import DcuBackend
 
-_F32, _F16, _BF16, _I32, _I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
+_F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
 FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
@@ -134,21 +134,7 @@ def apply_rope_supported(backend: "DcuBackend", x: Tensor, positions: Tensor, th
 
 
 def apply_rope(backend: "DcuBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
-    tokens, heads, rot = x.shape
-    if x.numel() == 0:
-        return torch.empty_like(x)
-    angles = rope_angles(positions, rot, theta)
-    # One cache row per token (cos of the R/2 angles, then their sin), looked up by the
-    # token's own index, so the cache never spans the largest position.
-    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
-    # The kernel rotates in its scalar type and in place: a float32 copy keeps the
-    # contract's single rounding (bf16 cos/sin would miss it near cancellations)
-    query = x.to(_F32, copy=True).reshape(tokens, heads * rot).contiguous()
-    scratch_key = torch.zeros((tokens, rot), dtype=_F32, device=x.device)  # one head, discarded
-    token_index = torch.arange(tokens, dtype=_I64, device=x.device)
-    backend.runtime.vllm_ops.rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache,
-                                              not interleaved)
-    return query.view(tokens, heads, rot).to(x.dtype)
+    return rope_by_rotary_embedding(backend.runtime.vllm_ops.rotary_embedding, x, positions, theta, interleaved)
 
 
 # -- torch's own ROCm kernels: grouped_gemm --------------------------------------------------------
@@ -182,35 +168,10 @@ def grouped_gemm(backend: "DcuBackend", x: Tensor, w: Tensor, tokens_per_expert:
 
 
 # -- indexer: HIP kernel, else torch logits + lightop's per-row top-k ------------------------------
-def _dequantized(k: Any) -> Tensor:
-    if isinstance(k, (tuple, list)):
-        return k[0].float() * k[1].float().unsqueeze(-1)
-    return k.float()
-
-
-def sanitise_topk(indices: Tensor, lengths: Tensor) -> Tensor:
-    """Keeps slot j of row r only if j < lengths[r] and 0 <= indices[r, j] < lengths[r]; -1
-    elsewhere. vLLM's kernel writes -1 past a short row's keys; lightop's closed version of it
-    is not public, so the slot position decides rather than the kernel's tail."""
-    slot = torch.arange(indices.shape[-1], device=indices.device)
-    length = lengths.to(_I64).unsqueeze(-1)
-    keep = (slot < length) & (indices >= 0) & (indices < length)
-    return torch.where(keep, indices, -1).to(_I32)
-
-
-def _lightop_topk(backend: "DcuBackend", logits: Tensor, starts: Tensor, ends: Tensor, topk: int) -> Tensor:
-    """Top-k positions (relative to each row's start) of logits [rows, S] over [starts, ends)."""
-    rows = logits.shape[0]
-    fn = _lightop(backend, "top_k")
-    indices = torch.full((rows, topk), -1, dtype=_I32, device=logits.device)
-    logits = logits.contiguous()
-    starts, ends = starts.to(_I32).contiguous(), ends.to(_I32).contiguous()
-    fn(logits, starts, ends, indices, rows, logits.stride(0), logits.stride(1), topk)
-    return sanitise_topk(indices, (ends - starts).clamp_(min=0))
-
-
-def _row_chunk(floats_per_row: int) -> int:
-    return max(1, WORKSPACE_BUDGET_BYTES // (4 * max(floats_per_row, 1)))
+def _lightop_topk(backend: "DcuBackend"):
+    """lightop's top_k_per_row_prefill, a closed port of vLLM's: per_row_topk keeps only the
+    slots inside each row, whatever it writes past a short one."""
+    return _lightop(backend, "top_k")
 
 
 def _indexer_route(backend: "DcuBackend", q: Tensor) -> tuple[str | None, str]:
@@ -234,19 +195,7 @@ def indexer_topk(backend: "DcuBackend", q: Tensor, k: Any, weights: Tensor, k_st
     path, _ = _indexer_route(backend, q)
     if path == "kernel":
         return gpu.indexer_topk(backend, q, k, weights, k_start, k_end, topk)
-    tokens, heads, _ = q.shape
-    out = torch.full((tokens, topk), -1, dtype=_I32, device=q.device)
-    keys = _dequantized(k)
-    step = _row_chunk(heads * keys.shape[0])
-    for first in range(0, tokens, step):
-        last = min(tokens, first + step)
-        # logits [t, S] = sum_h w[t, h] * relu(q[t, h] . k[s]) on torch's ROCm BLAS, float32
-        logits = torch.einsum("thd,sd->ths", q[first:last].float(), keys).relu_()
-        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(1)
-        start = k_start[first:last]
-        relative = _lightop_topk(backend, logits, start, k_end[first:last], topk)
-        out[first:last] = torch.where(relative >= 0, relative + start.unsqueeze(-1), -1)
-    return out
+    return per_row_topk.indexer_topk(_lightop_topk(backend), q, k, weights, k_start, k_end, topk)
 
 
 def indexer_topk_paged_supported(backend: "DcuBackend", q: Tensor, k_cache: Any, weights: Tensor,
@@ -260,35 +209,8 @@ def indexer_topk_paged(backend: "DcuBackend", q: Tensor, k_cache: Any, weights: 
     path, _ = _indexer_route(backend, q)
     if path == "kernel":
         return gpu.indexer_topk_paged(backend, q, k_cache, weights, block_table, context_lens, topk)
-    batch, queries, heads, dim = q.shape
-    out = torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
-    keys = _dequantized(k_cache)
-    block_size = keys.shape[1]
-    # every sequence's keys fit in its block-table row: a bound read from the shapes, not the
-    # data (reading context_lens.max() would synchronise the device)
-    span = block_table.shape[1] * block_size
-    if out.numel() == 0 or span == 0:
-        return out
-    flat = keys.reshape(-1, dim)
-    positions = torch.arange(span, device=q.device)
-    step = _row_chunk(queries * heads * span + span * dim)
-    for first in range(0, batch, step):
-        last = min(batch, first + step)
-        lens = context_lens[first:last].long()
-        # the logical keys of each sequence, [b, span, D] (rows past its length are unused)
-        table = block_table[first:last].long()
-        in_use = positions[None, :] < lens[:, None]
-        blocks = table.gather(1, (positions // block_size).clamp(max=table.shape[1] - 1)[None, :]
-                              .expand(last - first, -1))
-        rows = torch.where(in_use, blocks * block_size + positions % block_size, 0)
-        seq_keys = flat[rows]
-        logits = torch.einsum("bnhd,bsd->bnhs", q[first:last].float(), seq_keys).relu_()
-        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(2)  # [b, N, span]
-        ends = (lens[:, None] - queries + 1 + torch.arange(queries, device=q.device)[None, :]).clamp(min=0)
-        found = _lightop_topk(backend, logits.reshape(-1, span), torch.zeros_like(ends).reshape(-1),
-                              ends.reshape(-1), topk)
-        out[first:last] = found.view(last - first, queries, topk)
-    return out
+    return per_row_topk.indexer_topk_paged(_lightop_topk(backend), q, k_cache, weights, block_table, context_lens,
+                                           topk)
 
 
 ADAPTERS = (

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.vendor_backend import (Adapter, Verdict, dtype_name, first_reason, host_reads_allowed, rope_angles,
-                                     sigmoid_underflow, weight_cast_declined)
+from glm5_hal.vendor_backend import (Adapter, Verdict, dtype_name, first_reason, reciprocal_overflow,
+                                     rope_by_rotary_embedding, sigmoid_underflow, weight_cast_declined)
 
 if TYPE_CHECKING:
     from . import EnflameBackend
@@ -82,39 +82,10 @@ def apply_rope_supported(backend: "EnflameBackend", x: Tensor, positions: Tensor
 
 
 def apply_rope(backend: "EnflameBackend", x: Tensor, positions: Tensor, theta: float, interleaved: bool) -> Tensor:
-    tokens, heads, rot = x.shape
-    if x.numel() == 0:
-        return torch.empty_like(x)
-    angles = rope_angles(positions, rot, theta)
-    # one cache row per token, looked up by the token's index: the cache never spans the
-    # largest position; float32 throughout so the result is rounded once, as the contract's
-    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
-    query = x.to(_F32, copy=True).reshape(tokens, heads * rot).contiguous()
-    scratch_key = torch.zeros((tokens, rot), dtype=_F32, device=x.device)  # a Tensor! argument; discarded
-    token_index = torch.arange(tokens, dtype=_I64, device=x.device)
-    backend.runtime.ops._C.rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache, not interleaved)
-    return query.view(tokens, heads, rot).to(x.dtype)
+    return rope_by_rotary_embedding(backend.runtime.ops._C.rotary_embedding, x, positions, theta, interleaved)
 
 
 # -- int8_quant ---------------------------------------------------------------------------------------
-#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
-#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
-SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
-
-
-def reciprocal_overflow(x: Tensor, kernel: str) -> str | None:
-    """The reason to decline a quantization whose 127 / absmax overflows (a nonzero row below
-    SCALE_OVERFLOW_ABSMAX). A data check: on a device it runs only under GLM5_HAL_CHECKS=full
-    (reading x would synchronise), so there such rows reach the kernel unseen by default."""
-    if not x.numel() or not host_reads_allowed(x):
-        return None
-    absmax = x.detach().float().abs().amax(-1)
-    if bool(((absmax > 0) & (absmax < SCALE_OVERFLOW_ABSMAX)).any()):
-        return (f"a row's absmax is below {SCALE_OVERFLOW_ABSMAX:.3g}: {kernel} multiplies by 127 / absmax (vLLM's "
-                "formula), which overflows to inf and saturates every code")
-    return None
-
-
 def int8_quant_supported(backend: "EnflameBackend", x: Tensor) -> Verdict:
     return first_reason(lambda: _ops_declined(backend),
                         lambda: reciprocal_overflow(x, "_C.dynamic_scaled_int8_quant"))

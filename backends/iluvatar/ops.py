@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from glm5_hal.backends._cuda_dialect import WORKSPACE_BUDGET_BYTES
 from glm5_hal.backends._cuda_dialect import adapters as gpu
+from glm5_hal.backends._cuda_dialect import per_row_topk
 from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, host_reads_allowed
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, reciprocal_overflow
 
 from . import chips
 
 if TYPE_CHECKING:
     from . import IluvatarBackend
 
-_F32, _F16, _BF16, _I32, _I64, _I8 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8
+_F32, _F16, _BF16, _I8 = torch.float32, torch.float16, torch.bfloat16, torch.int8
 FLOATS = (_F32, _F16, _BF16)
 HALVES = (_F16, _BF16)
 
@@ -70,24 +70,6 @@ def rms_norm(backend: "IluvatarBackend", x: Tensor, weight: Tensor, eps: float) 
         return torch.empty_like(x)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return backend.runtime.ixformer.rms_norm(rows, weight.contiguous(), float(eps)).view(x.shape)
-
-
-#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
-#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
-SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
-
-
-def reciprocal_overflow(x: Tensor, kernel: str) -> str | None:
-    """The reason to decline a quantization whose 127 / absmax overflows (a nonzero row below
-    SCALE_OVERFLOW_ABSMAX). A data check: on a device it runs only under GLM5_HAL_CHECKS=full
-    (reading x would synchronise), so there such rows reach the kernel unseen by default."""
-    if not x.numel() or not host_reads_allowed(x):
-        return None
-    absmax = x.detach().float().abs().amax(-1)
-    if bool(((absmax > 0) & (absmax < SCALE_OVERFLOW_ABSMAX)).any()):
-        return (f"a row's absmax is below {SCALE_OVERFLOW_ABSMAX:.3g}: {kernel} multiplies by 127 / absmax (vLLM's "
-                "formula), which overflows to inf and saturates every code")
-    return None
 
 
 def int8_quant_supported(backend: "IluvatarBackend", x: Tensor) -> Verdict:
@@ -155,33 +137,6 @@ def silu_and_mul(backend: "IluvatarBackend", x: Tensor) -> Tensor:
 
 
 # -- indexer: CoreX kernel, else torch logits + FlagGems' per-row top-k ------------------------------
-def _dequantized(k: Any) -> Tensor:
-    if isinstance(k, (tuple, list)):
-        return k[0].float() * k[1].float().unsqueeze(-1)
-    return k.float()
-
-
-def sanitise_topk(indices: Tensor, lengths: Tensor) -> Tensor:
-    """Keeps slot j of row r only if j < lengths[r] and 0 <= indices[r, j] < lengths[r]; -1
-    elsewhere: FlagGems' kernel leaves index 0 (its zeroed candidate buffer) in the slots past
-    a short row, where the contract has -1."""
-    slot = torch.arange(indices.shape[-1], device=indices.device)
-    length = lengths.to(_I64).unsqueeze(-1)
-    keep = (slot < length) & (indices >= 0) & (indices < length)
-    return torch.where(keep, indices, -1).to(_I32)
-
-
-def _gems_topk(backend: "IluvatarBackend", logits: Tensor, starts: Tensor, ends: Tensor, topk: int) -> Tensor:
-    """Top-k positions (relative to each row's start) of logits [rows, S] over [starts, ends)."""
-    rows = logits.shape[0]
-    indices = torch.full((rows, topk), -1, dtype=_I32, device=logits.device)
-    logits = logits.contiguous()
-    starts, ends = starts.to(_I32).contiguous(), ends.to(_I32).contiguous()
-    backend.runtime.top_k_per_row_prefill(logits, starts, ends, indices, rows, logits.stride(0), logits.stride(1),
-                                          topk)
-    return sanitise_topk(indices, (ends - starts).clamp_(min=0))
-
-
 def _gems_declined(backend: "IluvatarBackend", span: int, topk: int) -> str | None:
     runtime = backend.runtime
     if runtime.top_k_per_row_prefill is None:
@@ -191,10 +146,6 @@ def _gems_declined(backend: "IluvatarBackend", span: int, topk: int) -> str | No
         return (f"FlagGems' top_k_per_row_prefill writes a row's candidates into {slots} slots without a bound: rows "
                 f"of {span} keys could overflow it")
     return backend.unverified("flag_gems_topk")
-
-
-def _row_chunk(floats_per_row: int) -> int:
-    return max(1, WORKSPACE_BUDGET_BYTES // (4 * max(floats_per_row, 1)))
 
 
 def _indexer_route(backend: "IluvatarBackend", q: Tensor, span: int, topk: int) -> tuple[str | None, str]:
@@ -227,19 +178,9 @@ def indexer_topk(backend: "IluvatarBackend", q: Tensor, k: Any, weights: Tensor,
     path, _ = _indexer_route(backend, q, _key_rows(k), topk)
     if path == "kernel":
         return gpu.indexer_topk(backend, q, k, weights, k_start, k_end, topk)
-    tokens, heads, _ = q.shape
-    out = torch.full((tokens, topk), -1, dtype=_I32, device=q.device)
-    keys = _dequantized(k)
-    step = _row_chunk(heads * keys.shape[0])
-    for first in range(0, tokens, step):
-        last = min(tokens, first + step)
-        # logits [t, S] = sum_h w[t, h] * relu(q[t, h] . k[s]), float32 on torch's CoreX BLAS
-        logits = torch.einsum("thd,sd->ths", q[first:last].float(), keys).relu_()
-        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(1)
-        start = k_start[first:last]
-        relative = _gems_topk(backend, logits, start, k_end[first:last], topk)
-        out[first:last] = torch.where(relative >= 0, relative + start.unsqueeze(-1), -1)
-    return out
+    # FlagGems' kernel leaves index 0 (its zeroed candidate buffer) in the slots past a short
+    # row, where the contract has -1: per_row_topk keeps only the slots inside each row
+    return per_row_topk.indexer_topk(backend.runtime.top_k_per_row_prefill, q, k, weights, k_start, k_end, topk)
 
 
 def indexer_topk_paged_supported(backend: "IluvatarBackend", q: Tensor, k_cache: Any, weights: Tensor,
@@ -253,33 +194,8 @@ def indexer_topk_paged(backend: "IluvatarBackend", q: Tensor, k_cache: Any, weig
     path, _ = _indexer_route(backend, q, _paged_span(k_cache, block_table), topk)
     if path == "kernel":
         return gpu.indexer_topk_paged(backend, q, k_cache, weights, block_table, context_lens, topk)
-    batch, queries, heads, dim = q.shape
-    out = torch.full((batch, queries, topk), -1, dtype=_I32, device=q.device)
-    keys = _dequantized(k_cache)
-    block_size = keys.shape[1]
-    # every sequence's keys fit in its block-table row: a bound read from the shapes, not the
-    # data (reading context_lens.max() would synchronise the device)
-    span = block_table.shape[1] * block_size
-    if out.numel() == 0 or span == 0:
-        return out
-    flat = keys.reshape(-1, dim)
-    positions = torch.arange(span, device=q.device)
-    step = _row_chunk(queries * heads * span + span * dim)
-    for first in range(0, batch, step):
-        last = min(batch, first + step)
-        lens = context_lens[first:last].long()
-        table = block_table[first:last].long()
-        in_use = positions[None, :] < lens[:, None]
-        blocks = table.gather(1, (positions // block_size).clamp(max=table.shape[1] - 1)[None, :]
-                              .expand(last - first, -1))
-        rows = torch.where(in_use, blocks * block_size + positions % block_size, 0)
-        logits = torch.einsum("bnhd,bsd->bnhs", q[first:last].float(), flat[rows]).relu_()
-        logits = (logits * weights[first:last].float().unsqueeze(-1)).sum(2)  # [b, N, span]
-        ends = (lens[:, None] - queries + 1 + torch.arange(queries, device=q.device)[None, :]).clamp(min=0)
-        found = _gems_topk(backend, logits.reshape(-1, span), torch.zeros_like(ends).reshape(-1), ends.reshape(-1),
-                           topk)
-        out[first:last] = found.view(last - first, queries, topk)
-    return out
+    return per_row_topk.indexer_topk_paged(backend.runtime.top_k_per_row_prefill, q, k_cache, weights, block_table,
+                                           context_lens, topk)
 
 
 ADAPTERS = (

@@ -503,6 +503,27 @@ def rope_angles(positions: torch.Tensor, rot: int, theta: float) -> torch.Tensor
     return positions.to(torch.float32)[:, None] * torch.pow(float(theta), exponents)[None, :]
 
 
+def rope_by_rotary_embedding(rotary_embedding: Callable, x: torch.Tensor, positions: torch.Tensor, theta: float,
+                              interleaved: bool) -> torch.Tensor:
+    """apply_rope through vLLM's `rotary_embedding(positions int64, query!, key!, head_size,
+    cos_sin_cache, is_neox)` schema (torch.ops._C on a DCU's vLLM and in vllm-gcu), x [T, H, rot]."""
+    tokens, heads, rot = x.shape
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    angles = rope_angles(positions, rot, theta)
+    # One cache row per token (cos of the R/2 angles, then their sin), looked up by the
+    # token's own index, so the cache never spans the largest position.
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
+    # The kernel rotates in its scalar type and in place: a float32 copy keeps the
+    # contract's single rounding (bf16 cos/sin would miss it near cancellations)
+    query = x.to(torch.float32, copy=True).reshape(tokens, heads * rot).contiguous()
+    # one head, discarded: the schema's key is a Tensor! argument
+    scratch_key = torch.zeros((tokens, rot), dtype=torch.float32, device=x.device)
+    token_index = torch.arange(tokens, dtype=torch.int64, device=x.device)
+    rotary_embedding(token_index, query, scratch_key, rot, cos_sin_cache, not interleaved)
+    return query.view(tokens, heads, rot).to(x.dtype)
+
+
 def pad_heads(t: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     """`t` with dim `dim` (heads) zero-padded to `heads`, contiguous."""
     if t.shape[dim] == heads:
@@ -512,6 +533,25 @@ def pad_heads(t: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     out = t.new_zeros(shape)
     out.narrow(dim, 0, t.shape[dim]).copy_(t)
     return out
+
+
+# -- int8 quantization ------------------------------------------------------------------------------
+#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
+#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
+SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
+
+
+def reciprocal_overflow(x: torch.Tensor, kernel: str) -> str | None:
+    """The reason to decline a quantization whose 127 / absmax overflows (a nonzero row below
+    SCALE_OVERFLOW_ABSMAX). A data check: on a device it runs only under GLM5_HAL_CHECKS=full
+    (reading x would synchronise), so there such rows reach the kernel unseen by default."""
+    if not x.numel() or not host_reads_allowed(x):
+        return None
+    absmax = x.detach().float().abs().amax(-1)
+    if bool(((absmax > 0) & (absmax < SCALE_OVERFLOW_ABSMAX)).any()):
+        return (f"a row's absmax is below {SCALE_OVERFLOW_ABSMAX:.3g}: {kernel} multiplies by 127 / absmax (vLLM's "
+                "formula), which overflows to inf and saturates every code")
+    return None
 
 
 # -- MoE -------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from glm5_hal.vendor_backend import leading_numbers
 
-from . import torch_ops
+from . import torch_ops, vllm_kernels
 
 HALVES = (torch.float16, torch.bfloat16)
 #: the lightop versions emulated: one before the categorized API, LightOp 0.6.0
@@ -250,31 +250,7 @@ class _VllmOps:
                          cos_sin_cache: Tensor, is_neox: bool) -> None:
         op = "torch.ops._C.rotary_embedding"
         self._emulator.calls["rotary_embedding"] += 1
-        tokens = positions.numel()
-        _require(positions.dtype == torch.int64, op, "positions must be int64")
-        _require(cos_sin_cache.dtype == query.dtype and cos_sin_cache.dim() == 2, op,
-                 "cos_sin_cache must be 2-D in the query's dtype")
-        rot = cos_sin_cache.shape[1]
-        _require(rot % 2 == 0 and rot <= head_size, op, f"rot_dim {rot} must be even and <= head_size {head_size}")
-        _require(bool(((positions >= 0) & (positions < cos_sin_cache.shape[0])).all()), op,
-                 "a position beyond the cos_sin_cache rows would be read out of bounds")
-        rows = cos_sin_cache[positions.reshape(-1)]
-        cos, sin = rows[:, : rot // 2], rows[:, rot // 2:]
-        for name, t in (("query", query), ("key", key)):
-            if t is None:
-                continue
-            _require(t.is_contiguous() and t.shape[0] == tokens and t.numel() % (tokens * head_size) == 0, op,
-                     f"{name} must be contiguous [num_tokens, heads * head_size]")
-            heads = t.view(tokens, -1, head_size)
-            if is_neox:
-                x, y = heads[..., : rot // 2], heads[..., rot // 2: rot]
-            else:
-                x, y = heads[..., 0:rot:2], heads[..., 1:rot:2]
-            c, s = cos[:, None, :].float(), sin[:, None, :].float()
-            xf, yf = x.float(), y.float()
-            new_x, new_y = (xf * c - yf * s).to(t.dtype), (yf * c + xf * s).to(t.dtype)
-            x.copy_(new_x)
-            y.copy_(new_y)
+        vllm_kernels.rotary_embedding(_require, op, positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 class DcuEmulator:

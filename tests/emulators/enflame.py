@@ -55,6 +55,8 @@ import types
 import torch
 from torch import Tensor
 
+from . import vllm_kernels
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 #: chip -> (torch.gcu.get_device_name, torch.gcu.get_device_capability)
@@ -151,29 +153,8 @@ class _COps:
         if query.numel() == 0:
             return
         _float_only(op, query)
-        tokens = positions.numel()
-        _require(positions.dtype == torch.int64, op, "positions must be int64")
         _require(key is not None, op, "key is a Tensor! argument (vllm-gcu views it as [-1, size(-1)])")
-        _require(cos_sin_cache.dtype == query.dtype and cos_sin_cache.dim() == 2, op,
-                 "cos_sin_cache must be 2-D in the query's dtype")
-        rot = cos_sin_cache.shape[1]
-        _require(rot % 2 == 0 and rot <= head_size, op, f"rot_dim {rot} must be even and <= head_size {head_size}")
-        _require(bool(((positions >= 0) & (positions < cos_sin_cache.shape[0])).all()), op,
-                 "a position beyond the cos_sin_cache rows would be read out of bounds")
-        rows = cos_sin_cache[positions.reshape(-1)]
-        cos, sin = rows[:, None, : rot // 2].float(), rows[:, None, rot // 2:].float()
-        for name, t in (("query", query), ("key", key)):
-            _require(t.is_contiguous() and t.shape[0] == tokens and t.numel() % (tokens * head_size) == 0, op,
-                     f"{name} must be contiguous [num_tokens, heads * head_size]")
-            heads = t.view(tokens, -1, head_size)
-            if is_neox:
-                x, y = heads[..., : rot // 2], heads[..., rot // 2: rot]
-            else:
-                x, y = heads[..., 0:rot:2], heads[..., 1:rot:2]
-            xf, yf = x.float(), y.float()
-            new_x, new_y = (xf * cos - yf * sin).to(t.dtype), (yf * cos + xf * sin).to(t.dtype)
-            x.copy_(new_x)
-            y.copy_(new_y)
+        vllm_kernels.rotary_embedding(_require, op, positions, query, key, head_size, cos_sin_cache, is_neox)
 
     def dynamic_scaled_int8_quant(self, output: Tensor, input: Tensor, scales: Tensor, azp: Tensor | None) -> None:
         op = "torch.ops._C.dynamic_scaled_int8_quant"
@@ -187,12 +168,8 @@ class _COps:
         _require(output.dtype == torch.int8 and output.shape == input.shape, op, "output must be int8 like input")
         _require(scales.dtype == torch.float32 and scales.numel() == tokens, op,
                  f"scales must be float32 [{tokens}, 1]")
-        rows = input.reshape(tokens, hidden).float()
-        absmax = rows.abs().amax(-1, keepdim=True)
-        scale = absmax / 127.0
-        codes = torch.round(rows * (127.0 / absmax)).clamp(-128, 127)
-        codes = torch.where(absmax == 0, -128.0, codes)  # 0 * inf: not specified (see the module docstring)
-        output.view(tokens, hidden).copy_(codes.to(torch.int8))
+        codes, scale = vllm_kernels.dynamic_int8(input.reshape(tokens, hidden))  # a zero row: -128 codes
+        output.view(tokens, hidden).copy_(codes)
         scales.view(tokens, 1).copy_(scale)
 
     def fused_grouped_topk(self, topk_weights: Tensor, topk_ids: Tensor, gating_output: Tensor, topk: int,

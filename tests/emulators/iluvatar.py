@@ -44,6 +44,8 @@ import types
 import torch
 from torch import Tensor
 
+from . import vllm_kernels
+
 HALVES = (torch.float16, torch.bfloat16)
 
 #: card -> torch.cuda.get_device_name (CoreX names its products BI-V150 / MR-V100:
@@ -140,12 +142,9 @@ class _Ixformer:
                  "output must be int8 shaped like input")
         _require(scale.dtype == torch.float32 and scale.shape == input.shape[:-1], op,
                  f"scale must be float32 {list(input.shape[:-1])}")
-        xf = input.float()
-        absmax = xf.abs().amax(-1, keepdim=True)
-        codes = torch.round(xf * (127.0 / absmax)).clamp(-128, 127)
-        # 0 * inf for a row of zeros: not specified by any source; -128 so reliance on it fails
-        output.copy_(torch.where(absmax == 0, -128.0, codes).to(torch.int8))
-        scale.copy_((absmax / 127.0).squeeze(-1))
+        codes, row_scale = vllm_kernels.dynamic_int8(input)  # a zero row: -128 codes
+        output.copy_(codes)
+        scale.copy_(row_scale.squeeze(-1))
 
     def w8a8(self, input: Tensor, weight: Tensor, i_scales: Tensor, w_scales: Tensor, bias: Tensor | None = None,
              output: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:

@@ -1,0 +1,41 @@
+"""Shared by the tests that run a vendor backend against its CPU emulator (tests/test_cuda_backend.py,
+test_dcu.py, test_iluvatar.py, test_enflame.py): registering the emulated backend at run time as a
+vendor machine would see it, what dispatch chose, why the backend declined, and seeded inputs."""
+from __future__ import annotations
+
+import types
+
+import torch
+
+import glm5_hal as hal
+
+
+def as_plugin(backend) -> types.ModuleType:
+    """A run-time plugin module whose hook registers `backend`."""
+    module = types.ModuleType(f"{backend.name}_plugin")
+    module.glm5_hal_register_backends = hal.hookimpl(lambda register: register(backend))
+    return module
+
+
+def register_emulated(hal_state, monkeypatch, backend):
+    """Registers `backend` at run time, under its name, with the cpu backend disabled: as on the
+    vendor's device (where the cpu backend cannot take its tensors), a declined call runs the
+    reference. The emulated backend must be available."""
+    monkeypatch.setenv("GLM5_HAL_DISABLE", "cpu")
+    hal_state(as_plugin(backend), backend.name)
+    assert backend.availability().available, backend.availability().reason
+    return backend
+
+
+def chosen(op, *args) -> str:
+    """The implementation dispatch picks for op(*args), as "backend.op"."""
+    return hal.explain(op, *args).chosen
+
+
+def declined_reason(backend_name: str, op, *args) -> str:
+    """Why backend `backend_name` declined op(*args); "" when it did not."""
+    return dict(hal.explain(op, *args).rejected).get(f"{backend_name}.{op}", "")
+
+
+def randn(*shape, g, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
