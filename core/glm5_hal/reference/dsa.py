@@ -127,7 +127,7 @@ def indexer_topk_paged(q: Tensor, k_cache, weights: Tensor, block_table: Tensor,
     ct = compute_dtype(q.dtype)
     fp8 = isinstance(k_cache, (tuple, list))
     values = k_cache[0] if fp8 else k_cache
-    block_size, dim = values.shape[1], values.shape[2]
+    block_size = values.shape[1]
     length = _max_context(context_lens)
     positions = torch.arange(length, device=q.device).expand(block_table.shape[0], length)
     stored = positions < context_lens.long().unsqueeze(-1)             # [B, L]
@@ -172,7 +172,7 @@ def sparse_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, co
                             indices: Tensor, sm_scale: float, d_v: int = 512) -> tuple[Tensor, Tensor]:
     """(out [B, N, H, d_v], lse [B, N, H]): sparse attention over logical positions
     `indices[b, i]` of sequence b's paged cache, valid iff 0 <= p < context_lens[b]."""
-    block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
+    block_size = kv_cache.shape[1]
     valid = (indices >= 0) & (indices < context_lens.view(-1, 1, 1))    # [B, N, K]
     slots = _logical_slots(block_table, indices, valid, block_size)
     rows = _gather_slots(kv_cache, slots)                               # [B, N, K, Dqk]
@@ -183,7 +183,7 @@ def dense_mla_decode_paged(q: Tensor, kv_cache: Tensor, block_table: Tensor, con
                            sm_scale: float, d_v: int = 512) -> tuple[Tensor, Tensor]:
     """(out [B, N, H, d_v], lse [B, N, H]): query i of N attends logical positions
     [0, context_lens[b] - N + i + 1) of sequence b's paged cache."""
-    block_size, dim = kv_cache.shape[1], kv_cache.shape[2]
+    block_size = kv_cache.shape[1]
     length = _max_context(context_lens)
     positions = torch.arange(length, device=q.device).expand(block_table.shape[0], length)
     stored = positions < context_lens.long().unsqueeze(-1)             # [B, L]

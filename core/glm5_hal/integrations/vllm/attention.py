@@ -47,12 +47,11 @@ class Glm5HalDsaMetadataBuilder(AttentionMetadataBuilder[Glm5HalDsaMetadata]):
     reorder_batch_threshold: int = 1
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
-        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)   # the base's is abstract
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False
               ) -> Glm5HalDsaMetadata:
-        step = build_step_batch(common_attn_metadata)
-        return Glm5HalDsaMetadata(**{f: getattr(step, f) for f in StepBatch.__dataclass_fields__})
+        return build_step_batch(common_attn_metadata, Glm5HalDsaMetadata)
 
 
 class Glm5HalSparseMLABackend(AttentionBackend):

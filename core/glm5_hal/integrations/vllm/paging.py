@@ -72,12 +72,12 @@ class StepBatch:
     num_prefill_tokens: int = 0
 
 
-def build_step_batch(common) -> StepBatch:
-    """A StepBatch from vLLM's CommonAttentionMetadata. Reads the host copy of the query
-    offsets only (`query_start_loc_cpu`): no device sync."""
+def build_step_batch(common, cls: type[StepBatch] = StepBatch) -> StepBatch:
+    """A StepBatch (or subclass `cls`) from vLLM's CommonAttentionMetadata. Reads the host copy
+    of the query offsets only (`query_start_loc_cpu`): no device sync."""
     starts = common.query_start_loc_cpu[: common.num_reqs + 1].tolist()
     tokens = common.num_actual_tokens
-    return StepBatch(
+    return cls(
         num_actual_tokens=tokens, num_reqs=common.num_reqs,
         seq_lens=common.seq_lens[: common.num_reqs].to(torch.int32),
         block_table=common.block_table_tensor[: common.num_reqs].to(torch.int32),
