@@ -1,6 +1,7 @@
 """Shared by the tests that run a vendor backend against its CPU emulator (tests/test_cuda_backend.py,
 test_dcu.py, test_iluvatar.py, test_enflame.py): registering the emulated backend at run time as a
-vendor machine would see it, what dispatch chose, why the backend declined, and seeded inputs."""
+vendor machine would see it, what dispatch chose, why the backend declined (and an implementation's
+predicates' verdict), and seeded inputs."""
 from __future__ import annotations
 
 import types
@@ -35,6 +36,17 @@ def chosen(op, *args) -> str:
 def declined_reason(backend_name: str, op, *args) -> str:
     """Why backend `backend_name` declined op(*args); "" when it did not."""
     return dict(hal.explain(op, *args).rejected).get(f"{backend_name}.{op}", "")
+
+
+def verdict(impl, *args):
+    """An implementation's verdict on a call as dispatch reaches it: its `supports_metadata`,
+    then its per-call `supports` (True, or the first reason)."""
+    for predicate in (impl.supports_metadata, impl.supports):
+        if predicate is not None:
+            answer = predicate(*args)
+            if answer is not True:
+                return answer
+    return True
 
 
 def randn(*shape, g, dtype=torch.float32, scale=1.0):

@@ -17,6 +17,7 @@ from glm5_hal.backends.ascend import AscendBackend, chips
 from emulators.ascend import NpuEmulator
 
 from conftest import seeded
+from emulated_helpers import verdict
 
 EMU = "ascend_emu"
 
@@ -178,8 +179,8 @@ def dsa_rejections(backend) -> dict[str, str]:
     }
     out = {}
     for op, args in calls.items():
-        verdict = backend.impls[op].supports(*args)
-        out[op] = "" if verdict is True else verdict
+        answer = verdict(backend.impls[op], *args)
+        out[op] = "" if answer is True else answer
     return out
 
 
@@ -225,8 +226,8 @@ def test_the_dsa_ops_follow_the_torch_npu_release_not_its_number():
 def test_a_torch_npu_newer_than_verified_narrows_every_adapter():
     backend = emulated("910B", version="2.15.0")
     assert "npu_op_schemas: torch_npu 2.15.0 is newer than 2.14.0" in backend.availability().reason
-    verdict = backend.impls["rms_norm"].supports(torch.zeros(2, 8), torch.ones(8), 1e-6)
-    assert verdict.startswith("npu_op_schemas unverified here: torch_npu 2.15.0 is newer than 2.14.0")
+    answer = verdict(backend.impls["rms_norm"], torch.zeros(2, 8), torch.ones(8), 1e-6)
+    assert answer.startswith("npu_op_schemas unverified here: torch_npu 2.15.0 is newer than 2.14.0")
 
 
 def test_real_and_emulated_instances_keep_their_own_adapters():

@@ -14,6 +14,7 @@ from glm5_hal.backends.ascend import AscendBackend
 from emulators.ascend import NpuEmulator
 
 from conftest import seeded
+from emulated_helpers import verdict
 from no_sync import DEVICE_TYPE, device_runtime, on_device, to_device, to_host, watch
 
 DEV = "ascend_dev"
@@ -163,7 +164,7 @@ def test_indexer_topk_reads_its_key_ranges_only_under_full_checks(npu, monkeypat
     ks, ke = torch.zeros(4, dtype=torch.int32), torch.tensor([1, 2, 3, 10], dtype=torch.int32)
     args = to_device((q, k, w, ks, ke, 10))
     with watch() as syncs:
-        why = hal.get_backend(DEV).impls["indexer_topk"].supports(*args)
+        why = verdict(hal.get_backend(DEV).impls["indexer_topk"], *args)
     assert not syncs, syncs.report()
     assert why.startswith("npu_lightning_indexer's TND batches come from the per-token key ranges read on the host")
     monkeypatch.setenv("GLM5_HAL_CHECKS", "full")
@@ -182,7 +183,7 @@ def test_indexer_weights_in_q_dtype_are_checked_only_under_full_checks(hal_state
     backend = on_emulated_device(hal_state, cann="8.5.0")
     args = CALLS[3][1]
     with watch() as syncs:
-        verdict = backend.impls["indexer_topk_paged"].supports(*to_device(args))
+        answer = verdict(backend.impls["indexer_topk_paged"], *to_device(args))
     assert not syncs, syncs.report()
-    assert verdict.startswith("npu_lightning_indexer takes weights in q's dtype (bfloat16) here; whether these "
-                              "float32 weights survive that cast is a data check")
+    assert answer.startswith("npu_lightning_indexer takes weights in q's dtype (bfloat16) here; whether these "
+                             "float32 weights survive that cast is a data check")

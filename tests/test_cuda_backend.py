@@ -36,7 +36,7 @@ from emulators.cuda import CudaEmulator, CudaOpError
 from no_sync import DEVICE_TYPE, device_runtime, to_device, to_host, watch
 
 from conftest import REPO, seeded
-from emulated_helpers import as_plugin, declined_reason, randn, register_emulated
+from emulated_helpers import as_plugin, declined_reason, randn, register_emulated, verdict
 
 EMU = "cuda_emu"
 F32, F16, BF16, I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
@@ -185,9 +185,9 @@ def test_an_unverified_flash_mla_narrows_only_the_sparse_attention_adapters():
     g = seeded(1)
     q, kv = randn(2, 64, 576, g=g, dtype=BF16), randn(40, 576, g=g, dtype=BF16)
     idx = torch.randint(0, 40, (2, 128), generator=g, dtype=I32)
-    reason = backend.impls["sparse_mla_attention"].supports(q, kv, idx, GLM5_SCALE, 512)
+    reason = verdict(backend.impls["sparse_mla_attention"], q, kv, idx, GLM5_SCALE, 512)
     assert reason.startswith("FlashMLA: flash_mla_sparse_lse_base unverified here: flash_mla_interface 3 is newer")
-    assert backend.impls["rms_norm"].supports(q, torch.ones(576, dtype=BF16), 1e-6) is True
+    assert verdict(backend.impls["rms_norm"], q, torch.ones(576, dtype=BF16), 1e-6) is True
 
 
 @pytest.mark.parametrize("version", ["2.11.0+cu130", "2.12.0+cu130", "2.13.0+cu130", "2.14.1+cu130", "2.15.0+cu132"])
@@ -198,7 +198,7 @@ def test_the_torch_op_behaviours_are_verified_from_2_11_to_2_15(version):
     backend = emulated("H200", torch_version=version)
     assert "narrowed" not in backend.availability().reason
     x = torch.ones(4, 64, dtype=BF16)
-    assert backend.impls["rms_norm"].supports(x, torch.ones(64, dtype=BF16), 1e-6) is True
+    assert verdict(backend.impls["rms_norm"], x, torch.ones(64, dtype=BF16), 1e-6) is True
     for behaviour in (arch.TORCH_GROUPED_MM, arch.TORCH_SCALED_MM_BLOCKWISE, arch.TORCH_FUSED_RMS_NORM):
         assert backend.unverified(behaviour.name) is None
 
@@ -207,7 +207,7 @@ def test_a_torch_newer_than_2_15_narrows_the_torch_op_adapters():
     backend = emulated("H200", torch_version="2.16.0+cu132")
     assert "torch_grouped_mm_fast_path: torch 2.16.0+cu132 is newer than 2.15" in backend.availability().reason
     x = torch.ones(4, 64, dtype=BF16)
-    assert backend.impls["rms_norm"].supports(x, torch.ones(64, dtype=BF16), 1e-6) == (
+    assert verdict(backend.impls["rms_norm"], x, torch.ones(64, dtype=BF16), 1e-6) == (
         "torch_fused_rms_norm unverified here: torch 2.16.0+cu132 is newer than 2.15, the newest version "
         "torch_fused_rms_norm was verified against")
 
@@ -218,7 +218,7 @@ def test_absent_libraries_narrow_nothing_and_their_adapters_say_not_installed():
     g = seeded(2)
     q, kv = randn(2, 64, 576, g=g, dtype=BF16), randn(40, 576, g=g, dtype=BF16)
     idx = torch.randint(0, 40, (2, 128), generator=g, dtype=I32)
-    assert backend.impls["sparse_mla_attention"].supports(q, kv, idx, GLM5_SCALE, 512) == (
+    assert verdict(backend.impls["sparse_mla_attention"], q, kv, idx, GLM5_SCALE, 512) == (
         "FlashMLA: flash_mla not installed (FlashMLA, built from github.com/deepseek-ai/FlashMLA); CUDA kernel not "
         f"built (libglm5_hal_cuda_kernels.so not found in {REPO / 'build' / 'no-such-dir'}; rebuild glm5_hal with "
         "nvcc on PATH or CUDA_HOME set (GLM5_HAL_WITH_CUDA))")
@@ -272,7 +272,7 @@ def test_grouped_gemm_takes_the_cutlass_path_only(hal_state, monkeypatch):
     backend = register_on_device(hal_state, "H200")
     got = on_device(backend, "grouped_gemm", x, w, counts)
     torch.testing.assert_close(got, hal.reference.grouped_gemm(x, w, counts), rtol=1.6e-2, atol=1e-2)
-    assert backend.impls["grouped_gemm"].supports(x.half(), w.half(), counts) == (
+    assert verdict(backend.impls["grouped_gemm"], x.half(), w.half(), counts) == (
         "torch._grouped_mm runs float16 as one mm per group after copying the offsets to the host (a device sync "
         "per call); its CUTLASS path takes bf16")
     hal.unload_plugin(EMU)
@@ -423,18 +423,18 @@ def test_fp8_block_gemm_calls_outside_both_are_declined_with_reasons(hal_state):
     backend = register_on_device(hal_state, "H200")
     g = seeded(12)
     (a, a_scale), (w, w_scale) = fp8_activations(g, 8, 256), fp8_weights(g, 20, k=256)
-    assert backend.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16) == (
+    assert verdict(backend.impls["fp8_block_gemm"], a, a_scale, w, w_scale, BF16) == (
         "DeepGEMM: DeepGEMM's TMA writes 16-byte output rows: N % 8 == 0, got N = 20; torch._scaled_mm (cuBLASLt) "
         "needs K and N multiples of 16, got K = 256, N = 20")
     (w, w_scale) = fp8_weights(g, 32, k=256)
-    assert backend.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, F32) == (
+    assert verdict(backend.impls["fp8_block_gemm"], a, a_scale, w, w_scale, F32) == (
         "DeepGEMM: DeepGEMM's sm_90 fp8_gemm_nt for 128 x 128 weight scales writes bf16 only, not float32 "
         "(sm90_fp8_gemm_1d2d); torch._scaled_mm with block scales: only a bf16 output is verified, not float32")
     b200 = emulated("B200")
     b200.availability()
-    assert b200.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16).startswith(
+    assert verdict(b200.impls["fp8_block_gemm"], a, a_scale, w, w_scale, BF16).startswith(
         "DeepGEMM: DeepGEMM on sm_100 turns float32 scales into UE8M0 powers of two")
-    assert b200.impls["fp8_block_gemm"].supports(a, a_scale, w, w_scale, BF16).endswith(
+    assert verdict(b200.impls["fp8_block_gemm"], a, a_scale, w, w_scale, BF16).endswith(
         "torch._scaled_mm's 1x128 x 128x128 scaling runs on sm_90 only; this is sm_100")
 
 
@@ -482,7 +482,7 @@ def test_a_deep_gemm_outside_the_verified_versions_is_declined(version, reason):
     g = seeded(13)
     (a, a_scale), (w, w_scale) = fp8_activations(g, 8, 128), fp8_weights(g, 2, 32, k=128)
     counts = torch.tensor([8, 0], dtype=I32)
-    assert backend.impls["fp8_grouped_gemm"].supports(a, a_scale, w, w_scale, counts, BF16).startswith(reason)
+    assert verdict(backend.impls["fp8_grouped_gemm"], a, a_scale, w, w_scale, counts, BF16).startswith(reason)
 
 
 @pytest.mark.parametrize("version", ["2.1.1", "2.3.0", "2.6.1"])

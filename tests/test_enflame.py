@@ -18,7 +18,7 @@ from glm5_hal.backends.enflame.runtime import load_ops
 from emulators.enflame import GcuEmulator
 
 from conftest import seeded
-from emulated_helpers import chosen, declined_reason, randn, register_emulated
+from emulated_helpers import chosen, declined_reason, randn, register_emulated, verdict
 
 EMU = "enflame_emu"
 F32, F16, BF16, I32, I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
@@ -175,9 +175,9 @@ def test_kv_cache_write_declines_a_block_strided_page_view(gcu):
     # a serving engine's page view: each block's rows contiguous, the blocks 13 elements apart
     block_strided = torch.zeros(3, 13)[:, :8].view(3, 2, 4)
     assert not block_strided.is_contiguous()
-    verdict = gcu.impls["kv_cache_write"].supports(block_strided, torch.ones(1, 4), torch.tensor([0]))
-    assert verdict == ("concat_and_cache_mla is called with contiguous caches by vllm-gcu; whether topsvllm honours a "
-                       "block-strided page view is not public")
+    answer = verdict(gcu.impls["kv_cache_write"], block_strided, torch.ones(1, 4), torch.tensor([0]))
+    assert answer == ("concat_and_cache_mla is called with contiguous caches by vllm-gcu; whether topsvllm honours a "
+                      "block-strided page view is not public")
 
 
 def test_kv_cache_write_declines_what_concat_and_cache_mla_cannot_write(gcu):

@@ -16,6 +16,7 @@ from glm5_hal import kernel_library as kl
 from glm5_hal.backends._cuda_dialect import GpuKernelLibrary
 from glm5_hal.backends.cambricon.kernels import KernelLibrary as BangKernels
 from glm5_hal.backends.kunlun.kernels import KernelLibrary as XpuKernels
+from glm5_hal.vendor_ops import dsa
 
 from conftest import REPO
 
@@ -41,23 +42,23 @@ def test_the_args_struct_has_the_layout_ctypes_passes(tmp_path):
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
-    names = [name for name, _ in kl.SparseMlaDecodeArgs._fields_]
+    names = [name for name, _ in dsa.SparseMlaDecodeArgs._fields_]
     fields = "\n".join(f'  printf("{n} %zu %s\\n", offsetof(glm5_hal_sparse_mla_decode_args, {n}), KIND(a.{n}));'
                        for n in names)
     (tmp_path / "layout.c").write_text(_LAYOUT_DRIVER.replace("FIELDS", fields))
     subprocess.run([compiler, "-std=c11", "-Wall", "-Werror", "-I", str(kl.INCLUDE_DIR), str(tmp_path / "layout.c"),
                     "-o", str(tmp_path / "layout")], check=True, timeout=60)
     lines = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split("\n")
-    assert lines[0] == f"size {ctypes.sizeof(kl.SparseMlaDecodeArgs)}"
-    want = [f"{name} {getattr(kl.SparseMlaDecodeArgs, name).offset} {_C_TYPE_NAMES[kind]}"
-            for name, kind in kl.SparseMlaDecodeArgs._fields_]
+    assert lines[0] == f"size {ctypes.sizeof(dsa.SparseMlaDecodeArgs)}"
+    want = [f"{name} {getattr(dsa.SparseMlaDecodeArgs, name).offset} {_C_TYPE_NAMES[kind]}"
+            for name, kind in dsa.SparseMlaDecodeArgs._fields_]
     assert lines[1:-1] == want
 
 
 def test_the_struct_declares_no_field_the_mirror_lacks():
     body = re.search(r"typedef struct glm5_hal_sparse_mla_decode_args \{(.*?)\}", HEADER, re.S).group(1)
     declared = re.findall(r"(\w+);", re.sub(r"//.*", "", body))
-    assert declared == [name for name, _ in kl.SparseMlaDecodeArgs._fields_]
+    assert declared == [name for name, _ in dsa.SparseMlaDecodeArgs._fields_]
 
 
 def test_the_codes_and_the_entry_point_match_the_mirror():
@@ -70,8 +71,8 @@ def test_the_codes_and_the_entry_point_match_the_mirror():
     assert (enum("GLM5_HAL_OK"), enum("GLM5_HAL_EINVAL")) == (kl.OK, kl.EINVAL)
     prototype = re.search(r"^int (glm5_hal_\w+)\(const glm5_hal_sparse_mla_decode_args\* args, void\* stream\);",
                           HEADER, re.M)
-    assert prototype.group(1) == kl.SPARSE_MLA_DECODE
-    assert kl.SparseMlaDecodeLibrary.signatures == {kl.SPARSE_MLA_DECODE: (ctypes.c_int, [ctypes.c_void_p] * 2)}
+    assert prototype.group(1) == dsa.SPARSE_MLA_DECODE
+    assert dsa.SparseMlaDecodeLibrary.signatures == {dsa.SPARSE_MLA_DECODE: (ctypes.c_int, [ctypes.c_void_p] * 2)}
 
 
 @pytest.mark.parametrize("library,source", [

@@ -194,12 +194,12 @@ def test_every_served_call_reads_nothing_on_the_host(hal_state, config, op):
 
 
 def test_the_shared_moe_helpers_read_nothing_on_the_host():
-    from glm5_hal import vendor_backend as vb
+    from glm5_hal.vendor_ops import moe
     ids = to_device(torch.tensor([[0, 3], [-1, 1]], dtype=torch.int32))
     with watch() as syncs:
-        vb.sigmoid_underflow(to_device(torch.randn(2, 4)), "k")
-        vb.spare_expert_ids(ids, 3)
-        vb.repeated_slot(to_device(torch.tensor([0, 2, 1], dtype=torch.int32)), 4, "k")
-        vb.permuted_in_contract_order(to_device(torch.randn(3, 2)), to_device(torch.tensor([1, 0, 2, 3],
-                                      dtype=torch.int32)), to_device(torch.tensor([2, 1], dtype=torch.int32)))
+        moe.sigmoid_underflow(to_device(torch.randn(2, 4)), "k")
+        moe.spare_expert_ids(ids, 3)
+        moe.repeated_slot(to_device(torch.tensor([0, 2, 1], dtype=torch.int32)), 4, "k")
+        moe.permuted_in_contract_order(to_device(torch.randn(3, 2)), to_device(torch.tensor([1, 0, 2, 3],
+                                       dtype=torch.int32)), to_device(torch.tensor([2, 1], dtype=torch.int32)))
     assert not syncs, syncs.report()

@@ -1,14 +1,15 @@
-"""The MoE and int8 quantization helpers glm5_hal.vendor_backend shares between vendor adapters
-read no device data per call (tests/no_sync.py): their data-dependent checks run on CPU tensors
-and, on a device, only under GLM5_HAL_CHECKS=full; their results are unchanged."""
+"""The MoE and int8 quantization helpers the vendor adapters share (glm5_hal.vendor_ops.moe and
+.quant) read no device data per call (tests/no_sync.py): their data-dependent checks run on CPU
+tensors and, on a device, only under GLM5_HAL_CHECKS=full; their results are unchanged."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import glm5_hal as hal
-from glm5_hal.vendor_backend import (host_reads_allowed, permuted_in_contract_order, reciprocal_overflow,
-                                     repeated_slot, sigmoid_underflow, spare_expert_ids)
+from glm5_hal.vendor_backend import host_reads_allowed
+from glm5_hal.vendor_ops.moe import permuted_in_contract_order, repeated_slot, sigmoid_underflow, spare_expert_ids
+from glm5_hal.vendor_ops.quant import reciprocal_overflow
 
 from no_sync import to_device, to_host, watch
 

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from glm5_hal.kernel_library import (  # noqa: F401 (DTYPE_CODE, OK, EINVAL, KernelError re-exported)
-    DTYPE_CODE, EINVAL, OK, DecodeLimits, KernelError, SparseMlaDecodeLibrary, library_path,
-    pointer as _ptr)
+    DTYPE_CODE, EINVAL, OK, KernelError, library_path, pointer as _ptr)
+from glm5_hal.vendor_ops.dsa import DecodeLimits, SparseMlaDecodeLibrary
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "include" / "glm5_hal_gpu.h"

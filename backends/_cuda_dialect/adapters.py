@@ -14,8 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from glm5_hal.kernel_library import sparse_mla_decode_declined
 from glm5_hal.vendor_backend import Adapter, Verdict, first_reason
+from glm5_hal.vendor_ops.dsa import sparse_mla_decode_declined
 
 from . import INDEXER_MAX_HEADS, INDEXER_MAX_QROW, MLA_MAX_DQK, MLA_MAX_DV
 
@@ -137,7 +137,7 @@ def sparse_mla_attention(backend: Any, q: Tensor, kv: Tensor, indices: Tensor, s
 
 
 SPARSE_MLA_ATTENTION = Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS,
-                               supports=sparse_mla_attention_supported)
+                               supports_metadata=sparse_mla_attention_supported)
 
 
 # -- kernel-only adapters ------------------------------------------------------------------------
@@ -206,10 +206,11 @@ def moe_unpermute(backend: Any, y: Tensor, src: Tensor, weights: Tensor) -> Tens
     return backend.kernels.moe_unpermute(y, src, weights, backend.stream(y.device))
 
 
-SILU_AND_MUL = Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported)
+SILU_AND_MUL = Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports_metadata=silu_and_mul_supported)
+# per call: reads the cache's contiguity (the call key holds only whether it is paged)
 KV_CACHE_WRITE = Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported)
-INDEXER_TOPK = Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported)
+INDEXER_TOPK = Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports_metadata=indexer_topk_supported)
 INDEXER_TOPK_PAGED = Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS,
-                             supports=indexer_topk_paged_supported)
-MOE_PERMUTE = Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported)
-MOE_UNPERMUTE = Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported)
+                             supports_metadata=indexer_topk_paged_supported)
+MOE_PERMUTE = Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports_metadata=moe_permute_supported)
+MOE_UNPERMUTE = Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports_metadata=moe_unpermute_supported)

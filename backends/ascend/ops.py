@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.vendor_backend import (Adapter, Verdict, first_reason, host_reads_allowed, paged_view_declined, no_permuted_rows, pad_heads,
-                                     rope_angles, weight_cast_declined)
+from glm5_hal.vendor_backend import Adapter, Verdict, first_reason, host_reads_allowed
+from glm5_hal.vendor_ops.common import rope_angles, weight_cast_declined
+from glm5_hal.vendor_ops.dsa import pad_heads
+from glm5_hal.vendor_ops.kv import paged_view_declined
+from glm5_hal.vendor_ops.moe import no_permuted_rows
 
 from .versions import KernelRules
 
@@ -735,21 +738,24 @@ def kv_cache_write(backend: "AscendBackend", cache: Tensor, values: Tensor, slot
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
-    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
-    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
-    Adapter("hadamard_transform", hadamard_transform, dtypes=FLOATS, supports=hadamard_transform_supported),
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports_metadata=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports_metadata=silu_and_mul_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports_metadata=apply_rope_supported),
+    Adapter("hadamard_transform", hadamard_transform, dtypes=FLOATS, supports_metadata=hadamard_transform_supported),
+    # per call: reads the key ranges on the host and the head weights' values
     Adapter("indexer_topk", indexer_topk, dtypes=HALVES, supports=indexer_topk_supported),
+    # per call: whether the float32 head weights survive q's dtype is a data check
     Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports=indexer_topk_paged_supported),
-    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=HALVES, supports=sparse_mla_attention_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=HALVES, supports_metadata=sparse_mla_attention_supported),
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=HALVES,
-            supports=sparse_mla_decode_paged_supported),
-    Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
-    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
-    Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
-    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+            supports_metadata=sparse_mla_decode_paged_supported),
+    Adapter("moe_route", moe_route, dtypes=FLOATS, supports_metadata=moe_route_supported),
+    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports_metadata=moe_permute_supported),
+    Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports_metadata=moe_unpermute_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports_metadata=grouped_gemm_supported),
+    # per call: reads the cache's contiguity (the call key holds only whether it is paged)
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS + (_FP8,), supports=kv_cache_write_supported),
-    Adapter("int8_quant", int8_quant, dtypes=HALVES, supports=int8_quant_supported),
-    Adapter("int8_gemm", int8_gemm, dtypes=(torch.int8,), supports=int8_gemm_supported),
-    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(torch.int8,), supports=int8_grouped_gemm_supported),
+    Adapter("int8_quant", int8_quant, dtypes=HALVES, supports_metadata=int8_quant_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(torch.int8,), supports_metadata=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(torch.int8,), supports_metadata=int8_grouped_gemm_supported),
 )

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from glm5_hal.kernel_library import DecodeLimits, SparseMlaDecodeLibrary, library_path
+from glm5_hal.kernel_library import library_path
+from glm5_hal.vendor_ops.dsa import DecodeLimits, SparseMlaDecodeLibrary
 
 LIBRARY_NAME = "libglm5_hal_cambricon_kernels.so"
 

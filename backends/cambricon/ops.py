@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, dtype_name, first_reason,
-                                     int32_slots_declined, paged_view_declined, no_permuted_rows, pad_heads, permuted_in_contract_order,
-                                     repeated_slot, sigmoid_underflow, spare_expert_ids, weight_cast_declined,
-                                     write_key_rows)
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason
+from glm5_hal.vendor_ops.common import weight_cast_declined
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE_PAGED, pad_heads
+from glm5_hal.vendor_ops.kv import int32_slots_declined, paged_view_declined, write_key_rows
+from glm5_hal.vendor_ops.moe import (SIGMOID_MIN_LOGIT, no_permuted_rows, permuted_in_contract_order, repeated_slot,
+                                     sigmoid_underflow, spare_expert_ids)
 
 from .kernels import KernelLibrary
 
@@ -478,20 +479,26 @@ def fp8_grouped_gemm(backend: "CambriconBackend", a: Tensor, a_scale: Tensor, w:
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
-    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
-    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports_metadata=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports_metadata=silu_and_mul_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports_metadata=apply_rope_supported),
+    # per call: sigmoid underflow is a data check on the logits
     Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
-    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
+    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports_metadata=moe_permute_supported),
+    # per call: a repeated (token, slot) in src is a data check
     Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
+    # per call: torch.backends.mlu's TF32 switch can change between calls
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
+    # per call: reads the cache's contiguity (the call key holds only whether it is paged)
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS + (_FP8,), supports=kv_cache_write_supported),
+    # per call: reads the cache's contiguity, which the call key does not hold
     Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS + (_FP8,), supports=kv_cache_gather_supported),
+    # per call: reads the caches' contiguity (the call key holds only whether they are paged)
     Adapter("indexer_k_cache_write", indexer_k_cache_write, dtypes=FLOATS, supports=indexer_k_cache_write_supported),
-    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports=indexer_topk_paged_supported),
-    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
-    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports=int8_grouped_gemm_supported),
-    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports=fp8_block_gemm_supported),
-    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports=fp8_grouped_gemm_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports_metadata=indexer_topk_paged_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports_metadata=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports_metadata=int8_grouped_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports_metadata=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports_metadata=fp8_grouped_gemm_supported),
     SPARSE_MLA_DECODE_PAGED,   # the BANG C kernel (kernels.py)
 )

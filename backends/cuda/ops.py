@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 from glm5_hal.backends._cuda_dialect import adapters as gpu
-from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED, sparse_mla_decode_declined
-from glm5_hal.vendor_backend import (INT32_MAX, Adapter, Verdict, dtype_name, first_reason, pad_heads,
-                                     weight_cast_declined)
+from glm5_hal.vendor_backend import INT32_MAX, Adapter, Verdict, dtype_name, first_reason
+from glm5_hal.vendor_ops.common import weight_cast_declined
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE_PAGED, pad_heads, sparse_mla_decode_declined
 
 from . import arch
 
@@ -426,16 +426,17 @@ def fp8_grouped_gemm(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tens
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
-    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
-    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports=sparse_mla_attention_supported),
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports_metadata=rms_norm_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports_metadata=grouped_gemm_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports_metadata=sparse_mla_attention_supported),
+    # per call: FlashMLA reads a contiguous cache (the call key holds only whether it is paged)
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=FLOATS,
             supports=sparse_mla_decode_paged_supported),
     Adapter("dense_mla_decode_paged", dense_mla_decode_paged, dtypes=FLOATS,
-            supports=dense_mla_decode_paged_supported),
-    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
-    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
-    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports=fp8_block_gemm_supported),
-    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports=fp8_grouped_gemm_supported),
+            supports_metadata=dense_mla_decode_paged_supported),
+    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports_metadata=indexer_topk_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports_metadata=indexer_topk_paged_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(_FP8,), supports_metadata=fp8_block_gemm_supported),
+    Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(_FP8,), supports_metadata=fp8_grouped_gemm_supported),
     gpu.SILU_AND_MUL, gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
 )

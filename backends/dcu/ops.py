@@ -26,8 +26,9 @@ from torch import Tensor
 
 from glm5_hal.backends._cuda_dialect import adapters as gpu
 from glm5_hal.backends._cuda_dialect import per_row_topk
-from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, rope_by_rotary_embedding
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason
+from glm5_hal.vendor_ops.common import rope_by_rotary_embedding
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE_PAGED
 
 from . import arch
 from .runtime import lightop_function
@@ -214,12 +215,12 @@ def indexer_topk_paged(backend: "DcuBackend", q: Tensor, k_cache: Any, weights: 
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=HALVES, supports=rms_norm_supported),
-    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
-    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
-    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
-    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
-    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
+    Adapter("rms_norm", rms_norm, dtypes=HALVES, supports_metadata=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports_metadata=silu_and_mul_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports_metadata=apply_rope_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports_metadata=grouped_gemm_supported),
+    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports_metadata=indexer_topk_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports_metadata=indexer_topk_paged_supported),
     # sparse MLA: the HIP kernel
     gpu.SPARSE_MLA_ATTENTION, SPARSE_MLA_DECODE_PAGED,
     gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,

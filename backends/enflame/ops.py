@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from glm5_hal.vendor_backend import (Adapter, Verdict, dtype_name, first_reason, reciprocal_overflow,
-                                     rope_by_rotary_embedding, sigmoid_underflow, weight_cast_declined)
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason
+from glm5_hal.vendor_ops.common import rope_by_rotary_embedding, weight_cast_declined
+from glm5_hal.vendor_ops.moe import sigmoid_underflow
+from glm5_hal.vendor_ops.quant import reciprocal_overflow
 
 if TYPE_CHECKING:
     from . import EnflameBackend
@@ -189,11 +191,14 @@ def fp8_block_gemm(backend: "EnflameBackend", a: Tensor, a_scale: Tensor, w: Ten
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports=rms_norm_supported),
-    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
-    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports=apply_rope_supported),
+    Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports_metadata=rms_norm_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports_metadata=silu_and_mul_supported),
+    Adapter("apply_rope", apply_rope, dtypes=FLOATS, supports_metadata=apply_rope_supported),
+    # per call: the 127 / absmax overflow is a data check
     Adapter("int8_quant", int8_quant, dtypes=FLOATS, supports=int8_quant_supported),
+    # per call: reads the cache's contiguity (the call key holds only whether it is paged)
     Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported),
+    # per call: sigmoid underflow is a data check on the logits
     Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
-    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports=fp8_block_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports_metadata=fp8_block_gemm_supported),
 )

@@ -25,8 +25,9 @@ from torch import Tensor
 
 from glm5_hal.backends._cuda_dialect import adapters as gpu
 from glm5_hal.backends._cuda_dialect import per_row_topk
-from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason, reciprocal_overflow
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, first_reason
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE_PAGED
+from glm5_hal.vendor_ops.quant import reciprocal_overflow
 
 from . import chips
 
@@ -199,13 +200,14 @@ def indexer_topk_paged(backend: "IluvatarBackend", q: Tensor, k_cache: Any, weig
 
 
 ADAPTERS = (
-    Adapter("rms_norm", rms_norm, dtypes=HALVES, supports=rms_norm_supported),
+    Adapter("rms_norm", rms_norm, dtypes=HALVES, supports_metadata=rms_norm_supported),
+    # per call: the 127 / absmax overflow is a data check
     Adapter("int8_quant", int8_quant, dtypes=HALVES, supports=int8_quant_supported),
-    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
-    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports=indexer_topk_supported),
-    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports=indexer_topk_paged_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports_metadata=int8_gemm_supported),
+    Adapter("indexer_topk", indexer_topk, dtypes=FLOATS, supports_metadata=indexer_topk_supported),
+    Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=FLOATS, supports_metadata=indexer_topk_paged_supported),
     # the CoreX kernels (shared CUDA-dialect sources)
-    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports=silu_and_mul_supported),
+    Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS, supports_metadata=silu_and_mul_supported),
     gpu.SPARSE_MLA_ATTENTION, SPARSE_MLA_DECODE_PAGED,
     gpu.KV_CACHE_WRITE, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
 )

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from glm5_hal.kernel_library import DecodeLimits, SparseMlaDecodeLibrary, library_path
+from glm5_hal.kernel_library import library_path
+from glm5_hal.vendor_ops.dsa import DecodeLimits, SparseMlaDecodeLibrary
 
 LIBRARY_NAME = "libglm5_hal_kunlun_kernels.so"
 

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED
-from glm5_hal.vendor_backend import (SIGMOID_MIN_LOGIT, Adapter, Verdict, first_reason, int32_slots_declined, paged_view_declined,
-                                     no_permuted_rows, permuted_in_contract_order, repeated_slot, sigmoid_underflow,
-                                     spare_expert_ids, write_key_rows)
+from glm5_hal.vendor_backend import Adapter, Verdict, first_reason
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE_PAGED
+from glm5_hal.vendor_ops.kv import int32_slots_declined, paged_view_declined, write_key_rows
+from glm5_hal.vendor_ops.moe import (SIGMOID_MIN_LOGIT, no_permuted_rows, permuted_in_contract_order, repeated_slot,
+                                     sigmoid_underflow, spare_expert_ids)
 
 from . import chips
 from .kernels import KernelLibrary
@@ -353,14 +354,17 @@ def kv_cache_gather(backend: "KunlunBackend", cache: Tensor, block_table: Tensor
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS),
     Adapter("silu_and_mul", silu_and_mul, dtypes=FLOATS),
-    Adapter("hadamard_transform", hadamard_transform, dtypes=FLOATS, supports=hadamard_transform_supported),
+    Adapter("hadamard_transform", hadamard_transform, dtypes=FLOATS, supports_metadata=hadamard_transform_supported),
+    # per call: sigmoid underflow is a data check on the logits
     Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
-    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports=moe_permute_supported),
+    Adapter("moe_permute", moe_permute, dtypes=FLOATS, supports_metadata=moe_permute_supported),
+    # per call: a repeated (token, slot) in src is a data check
     Adapter("moe_unpermute", moe_unpermute, dtypes=FLOATS, supports=moe_unpermute_supported),
-    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports=grouped_gemm_supported),
-    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports=int8_gemm_supported),
-    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports=int8_grouped_gemm_supported),
+    Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports_metadata=grouped_gemm_supported),
+    Adapter("int8_gemm", int8_gemm, dtypes=(_I8,), supports_metadata=int8_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(_I8,), supports_metadata=int8_grouped_gemm_supported),
+    # per call: reads the cache's contiguity (the call key holds only whether it is paged)
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS, supports=kv_cache_write_supported),
-    Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS, supports=kv_cache_gather_supported),
+    Adapter("kv_cache_gather", kv_cache_gather, dtypes=FLOATS, supports_metadata=kv_cache_gather_supported),
     SPARSE_MLA_DECODE_PAGED,   # the XPU C++ kernel (kernels.py)
 )

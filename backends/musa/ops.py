@@ -19,8 +19,9 @@ import torch
 from torch import Tensor
 
 from glm5_hal.backends._cuda_dialect import adapters as gpu
-from glm5_hal.kernel_library import SPARSE_MLA_DECODE_PAGED, sparse_mla_decode_declined
-from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name, rope_angles, weight_cast_declined
+from glm5_hal.vendor_backend import Adapter, Verdict, dtype_name
+from glm5_hal.vendor_ops.common import rope_angles, weight_cast_declined
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE_PAGED, sparse_mla_decode_declined
 
 from . import arch
 
@@ -278,8 +279,8 @@ ADAPTERS = (
             supports_metadata=fp8_block_gemm_supported),
     Adapter("fp8_grouped_gemm", fp8_grouped_gemm, dtypes=(torch.float8_e4m3fn,),
             supports_metadata=fp8_grouped_gemm_supported),
-    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports=sparse_mla_attention_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports_metadata=sparse_mla_attention_supported),
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=FLOATS,
-            supports=sparse_mla_decode_paged_supported),
+            supports_metadata=sparse_mla_decode_paged_supported),
     gpu.SILU_AND_MUL, gpu.KV_CACHE_WRITE, gpu.INDEXER_TOPK, gpu.INDEXER_TOPK_PAGED, gpu.MOE_PERMUTE, gpu.MOE_UNPERMUTE,
 )

@@ -17,7 +17,8 @@ import math
 import torch
 
 from glm5_hal.backends.cambricon.kernels import KernelLibrary
-from glm5_hal.kernel_library import DTYPE_CODE, SPARSE_MLA_DECODE
+from glm5_hal.kernel_library import DTYPE_CODE
+from glm5_hal.vendor_ops.dsa import SPARSE_MLA_DECODE
 
 _DTYPES = {code: dtype for dtype, code in DTYPE_CODE.items()}
 
