@@ -1,7 +1,7 @@
 """Shared by the tests that run a vendor backend against its CPU emulator (tests/test_cuda_backend.py,
 test_dcu.py, test_iluvatar.py, test_enflame.py): registering the emulated backend at run time as a
 vendor machine would see it, what dispatch chose, why the backend declined (and an implementation's
-predicates' verdict), and seeded inputs."""
+predicates' verdict, what dispatch remembers with a call key), and seeded inputs."""
 from __future__ import annotations
 
 import types
@@ -47,6 +47,23 @@ def verdict(impl, *args):
             if answer is not True:
                 return answer
     return True
+
+
+def remembered(public, *args):
+    """What dispatch remembers with the call key of `public(*args)` (a glm5_hal.ops function),
+    from a first call after forgetting every decision: the implementation every later call with
+    that key goes straight to (a `supports_metadata` predicate accepted it once), or None where
+    each call runs a per-call `supports` predicate."""
+    op = public.op
+    op.clear()
+    public(*args)
+    (hit,) = op._passed.values()
+    return hit[2]
+
+
+def same_call_key(public) -> bool:
+    """Whether every call of `public` since `remembered` had one call key."""
+    return len(public.op._passed) == 1
 
 
 def randn(*shape, g, dtype=torch.float32, scale=1.0):

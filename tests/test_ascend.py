@@ -17,7 +17,7 @@ from glm5_hal.backends.ascend import AscendBackend, chips
 from emulators.ascend import NpuEmulator
 
 from conftest import seeded
-from emulated_helpers import verdict
+from emulated_helpers import remembered, same_call_key, verdict
 
 EMU = "ascend_emu"
 
@@ -968,3 +968,31 @@ def backend_only_declines(backend, chip):
     if chip == "950":  # no float32 indexer weights there (the cases' weights would round); W8A8: A2/A3 only
         ops |= {"indexer_topk", "int8_quant", "int8_gemm", "int8_grouped_gemm"}
     return ops
+
+
+# -- what dispatch remembers with a call key ----------------------------------------------------------
+def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_cache_layout_is_checked_per_call(npu):
+    """rms_norm's predicate reads dtypes and the probed versions only (supports_metadata): the
+    adapter is remembered with the call key. kv_cache_write's reads whether the cache is
+    contiguous, which the key does not hold (only whether it is paged): a block-strided page
+    view with the key of a contiguous cache is declined, per call."""
+    backend = hal.get_backend(EMU)
+    g = seeded(41)
+    x, w = randn(4, 64, g=g, dtype=torch.bfloat16), randn(64, g=g, dtype=torch.bfloat16)
+    assert remembered(hal.ops.rms_norm, x, w, 1e-6) is backend.impls["rms_norm"].fn
+    hal.ops.rms_norm(x, w, 1e-6)
+    assert npu.calls["npu_rms_norm"] == 2
+
+    values, slots = randn(3, 16, g=g, dtype=torch.float32), torch.tensor([5, -1, 60], dtype=torch.int64)
+    expected = torch.zeros(4, 16, 16)
+    hal.reference.kv_cache_write(expected, values, slots)
+    write = hal.ops.kv_cache_write
+    cache = torch.zeros(4, 16, 16)
+    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
+    assert npu.calls["npu_scatter_nd_update_"] == 1
+    page_view = torch.zeros(4, 16 * 16 + 8)[:, :16 * 16].view(4, 16, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        write(page_view, values, slots)
+    assert same_call_key(write) and npu.calls["npu_scatter_nd_update_"] == 1
+    assert torch.equal(page_view, expected)

@@ -20,6 +20,7 @@ from emulators.cambricon import MluEmulator, MluOpError, NotEmulatedError
 from emulators.sparse_decode import SparseDecodeKernelStandIn
 
 from conftest import seeded
+from emulated_helpers import remembered, same_call_key
 
 EMU = "cambricon_emu"
 BF16, F16, F32, FP8, I32 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int32
@@ -728,3 +729,27 @@ def test_fp8_gemms_through_the_per_block_mode_on_an_fp8_mlu(register):
     assert rejection("fp8_block_gemm", a, a_scale, w, w_scale, BF16) == (
         "tmo.smooth_quant_group_gemm's per-block FP8 mode needs N a whole number of blocks (n_block * "
         "n_block_size == n), got N = 200")
+
+
+# -- what dispatch remembers with a call key ----------------------------------------------------------
+def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_tf32_switch_is_read_per_call(mlu):
+    """rms_norm's predicate reads dtypes and the probed tmo version only (supports_metadata):
+    the adapter is remembered with the call key. grouped_gemm's reads the MLU's TF32 switch,
+    which can change between two calls with one key: turned on, the next float32 call is
+    declined."""
+    backend = hal.get_backend(EMU)
+    g = seeded(41)
+    x, w = torch.randn(4, 80, generator=g), torch.rand(80, generator=g) + 0.5
+    assert remembered(hal.ops.rms_norm, x, w, 1e-5) is backend.impls["rms_norm"].fn
+    hal.ops.rms_norm(x, w, 1e-5)
+    assert mlu.tmo.calls["fused_rms_norm"] == 2
+
+    x, w, counts = torch.randn(4, 8, generator=g), torch.randn(2, 3, 8, generator=g), torch.tensor([1, 3], dtype=I32)
+    assert remembered(hal.ops.grouped_gemm, x, w, counts) is None
+    assert mlu.tmo.calls["group_gemm"] == 1
+    mlu.backends.mlu.matmul.fp32_precision = "tf32"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        got = hal.ops.grouped_gemm(x, w, counts)
+    assert same_call_key(hal.ops.grouped_gemm) and mlu.tmo.calls["group_gemm"] == 1
+    torch.testing.assert_close(got, ref.grouped_gemm(x, w, counts))

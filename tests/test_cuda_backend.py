@@ -36,7 +36,8 @@ from emulators.cuda import CudaEmulator, CudaOpError
 from no_sync import DEVICE_TYPE, device_runtime, to_device, to_host, watch
 
 from conftest import REPO, seeded
-from emulated_helpers import as_plugin, declined_reason, randn, register_emulated, verdict
+from emulated_helpers import (as_plugin, declined_reason, randn, register_emulated, remembered, same_call_key,
+                              verdict)
 
 EMU = "cuda_emu"
 F32, F16, BF16, I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
@@ -673,3 +674,58 @@ def test_the_kernel_adapters_read_nothing_back_on_the_device(simulated, hal_stat
     on_device(backend, "kv_cache_write", written, kv[:3], slots)
     hal.reference.kv_cache_write(expected, kv[:3], slots)
     assert torch.equal(written, expected)
+
+
+# -- what dispatch remembers with a call key ----------------------------------------------------------
+def test_a_metadata_predicate_is_remembered_with_the_call_key_and_flash_decode_checks_the_cache_per_call(
+        hal_state, monkeypatch):
+    """rms_norm's predicate reads dtypes and the probed versions only (supports_metadata): the
+    adapter is remembered with the call key. FlashMLA's decode reads whether the cache is
+    contiguous, which the key does not hold (only whether it is paged): a block-strided page
+    view with the key of a contiguous cache is declined, per call."""
+    backend = register(hal_state, monkeypatch, "H200", flash_mla=1)
+    g = seeded(41)
+    x, w = randn(5, 96, g=g, dtype=BF16), randn(96, g=g, dtype=BF16)
+    assert remembered(hal.ops.rms_norm, x, w, 1e-6) is backend.impls["rms_norm"].fn
+    hal.ops.rms_norm(x, w, 1e-6)
+    assert backend.runtime.calls["rms_norm"] == 2
+
+    cache = randn(7, 16, 576, g=g, dtype=BF16)
+    table, lens = torch.tensor([[6, 2, 0, 4], [1, 5, -1, -1]], dtype=I32), torch.tensor([50, 20], dtype=I32)
+    q = randn(2, 2, 64, 576, g=g, dtype=BF16, scale=0.5)
+    idx = torch.randint(-1, 60, (2, 2, 130), generator=g, dtype=I32)
+    decode = hal.ops.sparse_mla_decode_paged
+    assert remembered(decode, q, cache, table, lens, idx, GLM5_SCALE, 512) is None
+    served = backend.runtime.calls["flash_mla_sparse_fwd"]
+    assert served > 0
+    page_view = torch.zeros(7, 16 * 576 + 64, dtype=BF16)[:, :16 * 576].view(7, 16, 576)
+    page_view.copy_(cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        out, lse = decode(q, page_view, table, lens, idx, GLM5_SCALE, 512)
+    assert same_call_key(decode) and backend.runtime.calls["flash_mla_sparse_fwd"] == served
+    _close_to_reference(out, lse, *hal.reference.sparse_mla_decode_paged(q, cache, table, lens, idx, GLM5_SCALE, 512))
+
+
+@pytest.mark.slow
+def test_the_shared_kernel_adapters_remember_metadata_verdicts_and_check_the_cache_layout_per_call(
+        simulated, hal_state, monkeypatch):
+    """The CUDA-dialect adapters (backends/_cuda_dialect): silu_and_mul's predicate (is the
+    kernel library loaded) is remembered with the call key; kv_cache_write's reads the cache's
+    contiguity, which the key does not hold, so a block-strided page view with the key of a
+    contiguous cache is declined, per call."""
+    backend = register(hal_state, monkeypatch, "A100", kernels=simulated)
+    g = seeded(42)
+    assert remembered(hal.ops.silu_and_mul, randn(6, 24, g=g)) is backend.impls["silu_and_mul"].fn
+    values, slots = randn(3, 96, g=g), torch.tensor([70, -1, 3], dtype=torch.int64)
+    expected = torch.zeros(6, 16, 96)
+    hal.reference.kv_cache_write(expected, values, slots)
+    write = hal.ops.kv_cache_write
+    cache = torch.zeros(6, 16, 96)
+    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
+    page_view = torch.zeros(6, 16 * 96 + 32)[:, :16 * 96].view(6, 16, 96)
+    assert rejection("kv_cache_write", page_view, values, slots) == "the kv_cache_write kernel writes a contiguous cache"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        write(page_view, values, slots)
+    assert same_call_key(write) and torch.equal(page_view, expected)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from glm5_hal.backends.enflame.runtime import load_ops
 from emulators.enflame import GcuEmulator
 
 from conftest import seeded
-from emulated_helpers import chosen, declined_reason, randn, register_emulated, verdict
+from emulated_helpers import chosen, declined_reason, randn, register_emulated, remembered, same_call_key, verdict
 
 EMU = "enflame_emu"
 F32, F16, BF16, I32, I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
@@ -293,3 +294,30 @@ def test_a_torch_gcu_without_its_libraries_is_named_not_a_crash(tmp_path, monkey
     assert reason.startswith("runtime library missing: libexample.so.2 (torch_gcu is installed, but the vendor "
                              "runtime is not on the library path")
     sys.modules.pop("torch_gcu", None)
+
+
+# -- what dispatch remembers with a call key ----------------------------------------------------------
+def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_cache_layout_is_checked_per_call(gcu):
+    """rms_norm's predicate reads dtypes and the probed vllm-gcu only (supports_metadata): the
+    adapter is remembered with the call key. kv_cache_write's reads whether the cache is
+    contiguous, which the key does not hold (only whether it is paged): a block-strided page
+    view with the key of a contiguous cache is declined, per call."""
+    g = seeded(41)
+    x, w = randn(4, 72, g=g), randn(72, g=g)
+    assert remembered(hal.ops.rms_norm, x, w, 1e-6) is gcu.impls["rms_norm"].fn
+    hal.ops.rms_norm(x, w, 1e-6)
+    assert gcu.runtime.calls["rms_norm"] == 2
+
+    values, slots = randn(2, 4, g=g), torch.tensor([0, 5])
+    expected = torch.zeros(3, 2, 4)
+    hal.reference.kv_cache_write(expected, values, slots)
+    write = hal.ops.kv_cache_write
+    cache = torch.zeros(3, 2, 4)
+    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
+    assert gcu.runtime.calls["concat_and_cache_mla"] == 1
+    page_view = torch.zeros(3, 13)[:, :8].view(3, 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        write(page_view, values, slots)
+    assert same_call_key(write) and gcu.runtime.calls["concat_and_cache_mla"] == 1
+    assert torch.equal(page_view, expected)

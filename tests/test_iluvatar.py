@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from glm5_hal.backends.iluvatar.runtime import IluvatarRuntime, run_query_tool
 from emulators.iluvatar import IluvatarEmulator
 
 from conftest import seeded
-from emulated_helpers import chosen, declined_reason, randn, register_emulated
+from emulated_helpers import chosen, declined_reason, randn, register_emulated, remembered, same_call_key
 
 EMU = "iluvatar_emu"
 F32, F16, BF16, I32, I8 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8
@@ -335,3 +336,26 @@ def test_ixformer_failing_otherwise_says_how(fake_ixformer):
     fake_ixformer("raise RuntimeError('no device')\n")
     assert IluvatarRuntime(torch).ixformer_missing == (
         "importing ixformer.inference.functions failed: RuntimeError: no device")
+
+
+# -- what dispatch remembers with a call key ----------------------------------------------------------
+def test_a_metadata_predicate_is_remembered_with_the_call_key_and_int8_quant_checks_the_data_per_call(corex):
+    """rms_norm's predicate reads dtypes and the probed ixformer only (supports_metadata): the
+    adapter is remembered with the call key. int8_quant's reads the data (a row whose 127 /
+    absmax overflows): the same key with such a row is declined, per call."""
+    g = seeded(41)
+    x, w = randn(4, 64, g=g, dtype=BF16), randn(64, g=g, dtype=BF16)
+    assert remembered(hal.ops.rms_norm, x, w, 1e-6) is corex.impls["rms_norm"].fn
+    hal.ops.rms_norm(x, w, 1e-6)
+    assert corex.runtime.calls["rms_norm"] == 2
+
+    x = randn(3, 40, g=g, dtype=BF16)
+    assert remembered(hal.ops.int8_quant, x) is None
+    assert corex.runtime.calls["dynamic_scaled_int8_quant"] == 1
+    x[1] = 1e-37     # absmax below 127 / FLT_MAX: vLLM's 127 / absmax is inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        q, scale = hal.ops.int8_quant(x)
+    assert same_call_key(hal.ops.int8_quant) and corex.runtime.calls["dynamic_scaled_int8_quant"] == 1
+    ref_q, ref_scale = hal.reference.int8_quant(x)
+    assert torch.equal(q, ref_q) and torch.equal(scale, ref_scale)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from emulators.sparse_decode import SparseDecodeKernelStandIn
 from emulators.kunlun import VLLM_KUNLUN_VERSIONS, KvGatherKernelStandIn, NotEmulatedError, XpuEmulator
 
 from conftest import seeded
+from emulated_helpers import remembered, same_call_key
 
 EMU = "kunlun_emu"
 BF16, F16, F32, FP8, I32 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int32
@@ -658,3 +660,30 @@ def test_int8_gemms_decline_what_vllm_kunlun_does_not_show(register):
     assert rejection("int8_grouped_gemm", x, x_scale, w[None], w_scale[None], counts, BF16) == (
         "w8a8_max_scales unverified here: vllm-kunlun 0.10.1.1 is older than 0.11.0, the oldest version "
         "w8a8_max_scales was read from")
+
+
+# -- what dispatch remembers with a call key ----------------------------------------------------------
+def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_cache_layout_is_checked_per_call(xpu):
+    """hadamard_transform's predicate reads the registered ops and a size only
+    (supports_metadata): the adapter is remembered with the call key. kv_cache_write's reads
+    whether the cache is contiguous, which the key does not hold (only whether it is paged): a
+    block-strided page view with the key of a contiguous cache is declined, per call."""
+    backend = hal.get_backend(EMU)
+    x = torch.randn(2, 3, 128, generator=seeded(41))
+    assert remembered(hal.ops.hadamard_transform, x, 128 ** -0.5) is backend.impls["hadamard_transform"].fn
+    hal.ops.hadamard_transform(x, 128 ** -0.5)
+    assert xpu.calls["xspeedgate_ops.hadamard_transform"] == 2
+
+    values, slots = torch.randn(3, 24, generator=seeded(42)), torch.tensor([19, -1, 3], dtype=I32)
+    expected = torch.zeros(4, 5, 24)
+    ref.kv_cache_write(expected, values, slots)
+    write = hal.ops.kv_cache_write
+    cache = torch.zeros(4, 5, 24)
+    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
+    assert xpu.calls["kunlun_ops.reshape_and_cache"] == 1
+    page_view = torch.zeros(4, 5 * 24 + 8)[:, :5 * 24].view(4, 5, 24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        write(page_view, values, slots)
+    assert same_call_key(write) and xpu.calls["kunlun_ops.reshape_and_cache"] == 1
+    assert torch.equal(page_view, expected)
