@@ -1,4 +1,4 @@
-// Elementwise / small ops (OPS.md section 2). Float dtypes: F32, F16, BF16; computation in
+// Elementwise / small ops (docs/ops/common.md). Float dtypes: F32, F16, BF16; computation in
 // float32. Row ops read their input as rows (view.h: rows_of, any layout whose leading dims
 // merge) and write rows of the same shape and dtype.
 #pragma once

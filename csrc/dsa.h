@@ -1,4 +1,4 @@
-// DeepSeek Sparse Attention kernels (OPS.md section 4): the lightning indexer (logits, fused
+// DeepSeek Sparse Attention kernels (docs/ops/dsa.md): the lightning indexer (logits, fused
 // score + top-k, paged top-k) and MLA attention in absorbed (MQA) mode over sparse indices,
 // sparse paged decode and dense paged decode.
 //

@@ -1,4 +1,4 @@
-// Paged KV cache ops (OPS.md section 6). A cache is [num_blocks, block_size, D], contiguous;
+// Paged KV cache ops (docs/ops/kv.md). A cache is [num_blocks, block_size, D], contiguous;
 // slot s is row s of its [num_blocks * block_size, D] view. Slot mappings [T] are int32 or
 // int64, -1 meaning "padding, write nothing"; block tables [B, max_blocks] (rows of any stride)
 // and context lengths [B] are int32. Rows of the inputs written into a cache may have any stride.

@@ -1,4 +1,4 @@
-// MoE routing and token permutation (OPS.md section 5).
+// MoE routing and token permutation (docs/ops/moe.md).
 #pragma once
 
 #include "view.h"

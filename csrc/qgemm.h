@@ -1,4 +1,4 @@
-// GEMMs on the checkpoints' quantized formats (OPS.md section 3.1) and the bfloat16 grouped
+// GEMMs on the checkpoints' quantized formats (docs/ops/quant.md) and the bfloat16 grouped
 // GEMM of the MoE layer (section 5): out[m, n] = sum_k a[m, k] w[n, k] (a linear layer's
 // x @ w^T), per expert over expert-contiguous rows for the grouped forms.
 //

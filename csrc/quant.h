@@ -1,4 +1,4 @@
-// Quantization (OPS.md section 3).
+// Quantization (docs/ops/quant.md).
 #pragma once
 
 #include "view.h"
@@ -30,7 +30,7 @@ void int4_quantize(const View* fake, const View* packed, const View* scale, cons
 // int32 (rows of any stride); scale [rows, 8 * words / group] float32; out and scale contiguous.
 void int4_unpack(const View& out, const RowsIn& packed, const DenseIn& scale, int64_t group, int num_threads);
 
-// Dynamic symmetric per-row INT8 (OPS.md section 3.1) of x [rows, K] (a float dtype; view.h
+// Dynamic symmetric per-row INT8 (docs/ops/quant.md) of x [rows, K] (a float dtype; view.h
 // rows, K >= 1): scale[r] = max |x[r, :]| / 127 and q[r, :] = clamp(round_half_even(x / scale),
 // -127, 127) in float32; a row whose scale is 0 gets codes 0, a nan element code 0 (its row's
 // scale is nan). q [rows, K] int8 and scale (rows elements) float32, contiguous (any leading dims).

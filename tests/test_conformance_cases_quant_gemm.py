@@ -38,7 +38,7 @@ def test_the_reference_passes_every_tiny_case():
 # The runner judges a backend against the reference, so "the reference passes its own cases" only
 # compares the reference's float32 arithmetic with its own float64 one: a wrong formula (a scale
 # applied to the wrong block) passes. Here the backend under test is an independent formulation
-# in float64, written from OPS.md 3.1 without the reference's code (each element's scale found by
+# in float64, written from docs/ops/quant.md without the reference's code (each element's scale found by
 # index, not by repeating blocks; integer products summed exactly), so the reference, as judge,
 # must agree with it on every case.
 def _element_scales(scale: torch.Tensor, rows: int, cols: int, block_rows: int) -> torch.Tensor:

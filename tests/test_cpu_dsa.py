@@ -395,7 +395,7 @@ def test_paged_decode(tier, dtype, case):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sparse_decode_with_every_visible_key_equals_dense(tier, dtype):
-    """OPS.md: with topk >= context_len the sparse op equals the dense one."""
+    """docs/ops/dsa.md: with topk >= context_len the sparse op equals the dense one."""
     g = gen("sparse=dense", str(dtype))
     lens, queries = [300, 5, 64], 2
     table, context_lens, num_blocks = make_paging(g, lens, 16)

@@ -304,7 +304,7 @@ def test_rope_scaling_goes_through_hfs_cos_and_sin():
 
 
 class _Fp8GroupedGemmStandIn:
-    """glm5_hal.ops plus OPS.md 3.1's fp8_grouped_gemm written in torch, for a glm5_hal whose ops
+    """glm5_hal.ops plus docs/ops/quant.md's fp8_grouped_gemm written in torch, for a glm5_hal whose ops
     do not define it yet (it is specified, not yet merged): checks this integration's wiring
     (argument order, scale layout) against the contract."""
 

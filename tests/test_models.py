@@ -51,7 +51,7 @@ def _rms(x, weight, eps):
 
 
 def _rope(x, positions, theta, interleaved):
-    """x [S, H, R] rotated by position (OPS.md apply_rope), written out pair by pair."""
+    """x [S, H, R] rotated by position (docs/ops/common.md, apply_rope), written out pair by pair."""
     r = x.shape[-1]
     inv_freq = theta ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
     angle = positions.double()[:, None] * inv_freq

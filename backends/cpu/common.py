@@ -1,4 +1,4 @@
-"""The elementwise ops (OPS.md section 2) on the native kernels of csrc/common_ops.cpp.
+"""The elementwise ops (docs/ops/common.md) on the native kernels of csrc/common_ops.cpp.
 Inputs are already validated by glm5_hal.ops; these allocate outputs (large ones reused:
 backends/cpu/buffers.py) and pass the tensors.
 Kept lean: every line here is paid on every call."""

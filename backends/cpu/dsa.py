@@ -1,4 +1,4 @@
-"""DSA ops (OPS.md section 4) on the native kernels of csrc/dsa.cpp.
+"""DSA ops (docs/ops/dsa.md) on the native kernels of csrc/dsa.cpp.
 
 Inputs arrive validated by glm5_hal.ops.dsa; these wrappers allocate outputs (large ones
 reused: backends/cpu/buffers.py) and pass the
@@ -18,7 +18,7 @@ _I32 = torch.int32
 
 
 def _split(k):
-    """Float keys, or the values and scales of an FP8 pair (OPS.md section 4)."""
+    """Float keys, or the values and scales of an FP8 pair (docs/ops/dsa.md)."""
     return k if isinstance(k, (tuple, list)) else (k, None)
 
 

@@ -1,4 +1,4 @@
-"""The paged KV cache ops on the cpu backend (OPS.md section 6), native (csrc/kv.cpp).
+"""The paged KV cache ops on the cpu backend (docs/ops/kv.md), native (csrc/kv.cpp).
 Slot mappings, block tables and lengths were validated by glm5_hal.ops; the kernels check
 them again before writing anything (they are callable on their own)."""
 from __future__ import annotations

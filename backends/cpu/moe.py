@@ -1,4 +1,4 @@
-"""The MoE ops on the cpu backend (OPS.md section 5). moe_route, moe_permute and moe_unpermute are
+"""The MoE ops on the cpu backend (docs/ops/moe.md). moe_route, moe_permute and moe_unpermute are
 native kernels (csrc/moe.cpp); grouped_gemm is native for bfloat16 (csrc/qgemm.cpp) and calls
 torch's GEMM for float16 and float32 (see it for why)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Quantization ops on the cpu backend (OPS.md section 3), native (csrc/quant.cpp); w4a16_gemm
+"""Quantization ops on the cpu backend (docs/ops/quant.md), native (csrc/quant.cpp); w4a16_gemm
 dequantizes natively and multiplies with torch."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GEMMs on the checkpoint formats (OPS.md section 3.1) and int8_quant on the cpu backend:
+"""The GEMMs on the checkpoint formats (docs/ops/quant.md) and int8_quant on the cpu backend:
 native kernels (csrc/qgemm.cpp, csrc/quant.cpp). The wrappers allocate the outputs and pass the
 tensors (large outputs reused: backends/cpu/buffers.py); the kernels read their layouts (copying what they cannot read in place) and validate
 the counts of the grouped forms themselves."""

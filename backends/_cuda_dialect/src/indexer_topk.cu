@@ -1,4 +1,4 @@
-// Lightning-indexer top-k (OPS.md 4.1): indexer_topk over flat keys with per-token ranges,
+// Lightning-indexer top-k (docs/ops/dsa.md): indexer_topk over flat keys with per-token ranges,
 // and indexer_topk_paged over a paged key cache with N query tokens per sequence.
 //
 // Two kernels per call:

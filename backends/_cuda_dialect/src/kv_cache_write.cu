@@ -1,4 +1,4 @@
-// kv_cache_write (OPS.md 6): copies token rows into cache slots. Dtype-agnostic (rows are
+// kv_cache_write (docs/ops/kv.md): copies token rows into cache slots. Dtype-agnostic (rows are
 // bytes), so it also writes FP8 caches. Slot -1 is padding; slots outside the cache are
 // skipped here as well, although glm5_hal.ops has already refused them before any write.
 #include "gpu_runtime.h"

@@ -1,4 +1,4 @@
-// MoE permutation (OPS.md 5): moe_permute as an index pass plus a row gather, and
+// MoE permutation (docs/ops/moe.md): moe_permute as an index pass plus a row gather, and
 // moe_unpermute as a weighted scatter-add.
 //
 // moe_permute's row order is part of the contract (by expert, then by ascending flat index

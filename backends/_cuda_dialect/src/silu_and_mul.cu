@@ -1,4 +1,4 @@
-// silu_and_mul (OPS.md 2): out = silu(gate) * up over the [gate, up] halves of each row,
+// silu_and_mul (docs/ops/common.md): out = silu(gate) * up over the [gate, up] halves of each row,
 // in float32 and rounded once.
 #include "gpu_runtime.h"
 #include "numeric.cuh"

@@ -1,6 +1,6 @@
 // Sparse MLA attention (absorbed / MQA mode) over a paged latent cache: the CUDA-dialect
 // implementation of glm5_hal_sparse_mla_decode_paged (glm5_hal_kernel_abi.h), behind
-// sparse_mla_decode_paged and sparse_mla_attention (OPS.md 4.2) on the cuda backend and on
+// sparse_mla_decode_paged and sparse_mla_attention (docs/ops/dsa.md) on the cuda backend and on
 // vendor backends whose own library has no sparse attention for the call (MUSA before the
 // S5000, any DCU).
 //

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-// kv_cache_gather (OPS.md 6): for each sequence b and position p < context_lens[b], copies
+// kv_cache_gather (docs/ops/kv.md): for each sequence b and position p < context_lens[b], copies
 // cache row block_table[b, p / block_size] * block_size + p % block_size (row_bytes bytes)
 // to out row out_offsets[b] + p. out_offsets is int64 [batch] (exclusive prefix sums of
 // context_lens). A byte copy, so any element type (including FP8) works. Rows whose block id

@@ -57,7 +57,7 @@ typedef struct glm5_hal_sparse_mla_decode_args {
 } glm5_hal_sparse_mla_decode_args;
 
 // Sparse MLA attention (absorbed / MQA mode, one latent KV head) over a paged cache
-// (OPS.md 4.2, sparse_mla_decode_paged). A position p of sequence b is valid iff
+// (docs/ops/dsa.md, sparse_mla_decode_paged). A position p of sequence b is valid iff
 // 0 <= p < context_lens[b] and its block id block_table[b, p / block_size] lies in
 // [0, num_blocks); duplicates count once per occurrence. For each (b, i, h), over the valid
 // positions j: z_j = sm_scale * q . row_j, out = softmax(z) @ row[:d_v], lse = logsumexp(z)

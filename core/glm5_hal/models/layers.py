@@ -200,7 +200,7 @@ class MoE(nn.Module):
 
 
 class Indexer(nn.Module):
-    """`self_attn.indexer`: the DSA lightning indexer's projections (OPS.md 4.1)."""
+    """`self_attn.indexer`: the DSA lightning indexer's projections (docs/ops/dsa.md, indexer_logits)."""
 
     def __init__(self, config: GLM5Config):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Linear layers and routed experts on quantized weights (OPS.md section 3.1), as
+"""Linear layers and routed experts on quantized weights (docs/ops/quant.md, the checkpoint formats), as
 `GLM5ForCausalLM.from_pretrained` builds them:
 
 - FP8, the DeepSeek-V3 / GLM-5-FP8 checkpoint format: `weight` float8_e4m3fn [N, K] and
@@ -26,7 +26,7 @@ from .layers import register_checkpoint_layout
 ops = hal_ops
 
 FP8 = torch.float8_e4m3fn
-#: The FP8 block: weights in 128 x 128 blocks, activations in 1 x 128 blocks (OPS.md 3.1).
+#: The FP8 block: weights in 128 x 128 blocks, activations in 1 x 128 blocks (docs/ops/quant.md).
 FP8_BLOCK = FP8_GEMM_BLOCK
 
 

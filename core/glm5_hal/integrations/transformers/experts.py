@@ -1,7 +1,7 @@
 """HF transformers' routed experts (`experts_implementation="glm5_hal"`) on glm5_hal ops.
 
 HF's router has already chosen `top_k_index` and `top_k_weights`; the experts run as the
-MoE composition of OPS.md section 5: `moe_permute -> grouped_gemm(gate_up_proj) ->
+MoE composition of docs/ops/moe.md: `moe_permute -> grouped_gemm(gate_up_proj) ->
 silu_and_mul -> grouped_gemm(down_proj) -> moe_unpermute`. HF keeps the experts stacked as
 `gate_up_proj [E, 2I, H]` (gate rows, then up rows) and `down_proj [E, H, I]`, which is
 grouped_gemm's layout. FP8 experts (transformers' `FP8Experts`, DeepSeek-V3-style 128 x 128
@@ -38,7 +38,7 @@ def experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weig
 def fp8_experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
     """transformers' `FP8Experts.forward` on glm5_hal ops: FP8 e4m3 weights with float32
     block scales of 128 x 128 and dynamic activation quantization (the GLM-5 / DeepSeek-V3
-    FP8 checkpoint format, OPS.md 3.1)."""
+    FP8 checkpoint format, docs/ops/quant.md)."""
     _check_layout(self)
     if (list(self.block_size or ()) != [FP8_BLOCK, FP8_BLOCK] or self.activation_scheme != "dynamic"
             or self.gate_up_proj.dtype != torch.float8_e4m3fn or self.gate_up_proj_scale_inv.dtype != torch.float32):
