@@ -724,7 +724,8 @@ def test_the_shared_kernel_adapters_remember_metadata_verdicts_and_check_the_cac
     cache = torch.zeros(6, 16, 96)
     assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
     page_view = torch.zeros(6, 16 * 96 + 32)[:, :16 * 96].view(6, 16, 96)
-    assert rejection("kv_cache_write", page_view, values, slots) == "the kv_cache_write kernel writes a contiguous cache"
+    assert rejection("kv_cache_write", page_view, values, slots) == (
+        "the kv_cache_write kernel writes a contiguous cache")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", hal.FallbackWarning)
         write(page_view, values, slots)

@@ -746,7 +746,8 @@ ADAPTERS = (
     Adapter("indexer_topk", indexer_topk, dtypes=HALVES, supports=indexer_topk_supported),
     # per call: whether the float32 head weights survive q's dtype is a data check
     Adapter("indexer_topk_paged", indexer_topk_paged, dtypes=HALVES, supports=indexer_topk_paged_supported),
-    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=HALVES, supports_metadata=sparse_mla_attention_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=HALVES,
+            supports_metadata=sparse_mla_attention_supported),
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=HALVES,
             supports_metadata=sparse_mla_decode_paged_supported),
     Adapter("moe_route", moe_route, dtypes=FLOATS, supports_metadata=moe_route_supported),
@@ -757,5 +758,6 @@ ADAPTERS = (
     Adapter("kv_cache_write", kv_cache_write, dtypes=FLOATS + (_FP8,), supports=kv_cache_write_supported),
     Adapter("int8_quant", int8_quant, dtypes=HALVES, supports_metadata=int8_quant_supported),
     Adapter("int8_gemm", int8_gemm, dtypes=(torch.int8,), supports_metadata=int8_gemm_supported),
-    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(torch.int8,), supports_metadata=int8_grouped_gemm_supported),
+    Adapter("int8_grouped_gemm", int8_grouped_gemm, dtypes=(torch.int8,),
+            supports_metadata=int8_grouped_gemm_supported),
 )

@@ -44,7 +44,7 @@ HALVES = (_F16, _BF16)
 ROTARY_MAX_HEAD_SIZE = 256            # apply_rotary: head_size in [2, 256]
 INDEXER_HEADS = (32, 64)              # masked_indexer_select_paged_kv: head_num 32 or 64
 INDEXER_DIM = 128                     # ... head_size 128
-FP8_MAX, FP8_MIN_AMAX = 448.0, 1e-4   # the fp8 rule of the contract (OPS.md section 3)
+FP8_MAX, FP8_MIN_AMAX = 448.0, 1e-4   # the fp8 rule of the contract (docs/ops/quant.md, fp8_block_quant)
 _DECODE = KernelLibrary.decode_limits
 
 #: The vendor constraints the adapters check, as reported in capabilities().limits.

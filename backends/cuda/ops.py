@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _F32, _F16, _BF16, _I32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
 _FP8, _U8 = torch.float8_e4m3fn, torch.uint8
 FLOATS = (_F32, _F16, _BF16)
-#: the FP8 GEMMs' scale block (OPS.md 3.1): 1 x 128 for activations, 128 x 128 for weights
+#: the FP8 GEMMs' scale block (docs/ops/quant.md): 1 x 128 for activations, 128 x 128 for weights
 BLOCK = 128
 #: the logits grid of the indexer kernel has one block row per 128 keys (gridDim.y <= 65535)
 INDEXER_MAX_KEYS = 65535 * 128
@@ -428,7 +428,8 @@ def fp8_grouped_gemm(backend: "CudaBackend", a: Tensor, a_scale: Tensor, w: Tens
 ADAPTERS = (
     Adapter("rms_norm", rms_norm, dtypes=FLOATS, supports_metadata=rms_norm_supported),
     Adapter("grouped_gemm", grouped_gemm, dtypes=FLOATS, supports_metadata=grouped_gemm_supported),
-    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS, supports_metadata=sparse_mla_attention_supported),
+    Adapter("sparse_mla_attention", sparse_mla_attention, dtypes=FLOATS,
+            supports_metadata=sparse_mla_attention_supported),
     # per call: FlashMLA reads a contiguous cache (the call key holds only whether it is paged)
     Adapter("sparse_mla_decode_paged", sparse_mla_decode_paged, dtypes=FLOATS,
             supports=sparse_mla_decode_paged_supported),

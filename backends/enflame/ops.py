@@ -200,5 +200,6 @@ ADAPTERS = (
     Adapter("kv_cache_write", kv_cache_write, supports=kv_cache_write_supported),
     # per call: sigmoid underflow is a data check on the logits
     Adapter("moe_route", moe_route, dtypes=FLOATS, supports=moe_route_supported),
-    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,), supports_metadata=fp8_block_gemm_supported),
+    Adapter("fp8_block_gemm", fp8_block_gemm, dtypes=(torch.float8_e4m3fn,),
+            supports_metadata=fp8_block_gemm_supported),
 )
