@@ -20,7 +20,9 @@ def int32_slots_declined(cache: torch.Tensor, kernel: str) -> str | None:
 
 def paged_view_declined(kernel: str, *caches: torch.Tensor) -> str | None:
     """The reason to decline a cache write whose kernel indexes the cache flat, when a cache is
-    a block-strided paged view (vLLM's page layout) rather than a contiguous tensor."""
+    a block-strided paged view (vLLM's page layout) rather than a contiguous tensor. It reads
+    strides, which the call key does not hold (only whether a cache is paged): a predicate
+    calling it is a per-call `supports`."""
     if all(c.is_contiguous() for c in caches):
         return None
     return (f"{kernel} indexes a contiguous cache; this one is a block-strided paged view "
