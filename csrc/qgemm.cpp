@@ -99,6 +99,7 @@ constexpr int64_t kIntKc = 1024;        // K block of the int8 path (a multiple 
 constexpr int64_t kRowBlock = 256;      // rows whose C block (x nc columns) stays in L2
 constexpr int64_t kStreamedMaxRows = 64;  // experts with at most this many rows stream the weights
 constexpr int64_t kDotBlock = 192;        // weight rows per task of the dot_rows form (32 of its 6-row tiles)
+constexpr int64_t kDotChunkBytes = 512 * 1024;  // x rows per dot_rows call: half of a 1-2 MiB L2
 constexpr int64_t kInt8MaxK = (int64_t{1} << 31) / (128 * 128) - 1;  // |sum| < 2^31: 131071
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -453,8 +454,9 @@ void run_dot_rows(const Call& c, const std::vector<int64_t>& experts, int nt) {
   int64_t block = kDotBlock;
   if (count * ceil_div(c.n, block) < 4 * nt) block = std::max<int64_t>(1, ceil_div(c.n * count, 4 * nt));
   block = std::min(block, c.n);
-  // x rows per chunk: about 512 KiB of them (half of a 1-2 MiB L2), a multiple of 4, 4 to 64
-  const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, (int64_t{256} * 1024 / std::max<int64_t>(c.k, 1)) / 4 * 4));
+  // x rows per chunk: about kDotChunkBytes of them, a multiple of 4, 4 to 64
+  const int64_t chunk_rows = kDotChunkBytes / (2 * std::max<int64_t>(c.k, 1)) / 4 * 4;
+  const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, chunk_rows));
   std::vector<std::pair<int64_t, int64_t>> tasks;  // (expert, first weight row)
   for (int64_t e : experts)
     for (int64_t n0 = 0; n0 < c.n; n0 += block) tasks.emplace_back(e, n0);
@@ -470,8 +472,9 @@ void run_dot_rows(const Call& c, const std::vector<int64_t>& experts, int nt) {
       for (int64_t r0 = 0; r0 < p.counts[e]; r0 += chunk) {
         const int64_t rows = std::min<int64_t>(chunk, p.counts[e] - r0), row0 = c.src_row[e] + r0;
         cf.resize(static_cast<size_t>(rows * ncur));
-        c.ft.dot_rows(reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.a.data) + row0 * p.a.row_stride * es),
-                      p.a.row_stride, rows, w, p.w.row_stride, ncur, 0, c.k, cf.data(), ncur);
+        const uint16_t* x = reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.a.data) +
+                                                              row0 * p.a.row_stride * es);
+        c.ft.dot_rows(x, p.a.row_stride, rows, w, p.w.row_stride, ncur, c.k, cf.data(), ncur);
         for (int64_t r = 0; r < rows; ++r) store_row(p.out, row0 + r, n0, cf.data() + r * ncur, ncur);
       }
     }

@@ -73,9 +73,8 @@ struct FloatTile {
   // The bfloat16 grouped GEMM without packing, where the tier has it (null elsewhere): both
   // operands read in place, K contiguous, any m, n, k >= 0 (no padding):
   // C[i][j] = sum_{k' < k} x[i][k'] * w[j][k'] in float32 for i < m, j < n (C row stride ldc).
-  // The n_after weight rows after the n given exist and come next (prefetched; 0: none).
-  void (*dot_rows)(const uint16_t* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t n,
-                   int64_t n_after, int64_t k, float* c, int64_t ldc);
+  void (*dot_rows)(const uint16_t* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t n, int64_t k,
+                   float* c, int64_t ldc);
 };
 
 struct Int8Tile {

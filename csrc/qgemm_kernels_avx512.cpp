@@ -216,13 +216,11 @@ constexpr std::array<std::array<DotTile, kDotNr>, kDotMr> kDotTiles{
     dot_tile_row<4>(std::make_integer_sequence<int, kDotNr>{})};
 
 GLM5_T512BF16 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw,
-                                 int64_t n, int64_t n_after, int64_t k, float* c, int64_t ldc) {
+                                 int64_t n, int64_t k, float* c, int64_t ldc) {
   const int64_t row_tiles = (m + kDotMr - 1) / kDotMr;
   for (int64_t j0 = 0; j0 < n; j0 += kDotNr) {
     const int64_t nr = std::min<int64_t>(kDotNr, n - j0);
-    // the next weight tile (possibly past n, into the n_after rows the caller takes next)
-    const int64_t next = j0 + kDotNr;
-    const int64_t next_rows = std::max<int64_t>(0, std::min<int64_t>(kDotNr, n + n_after - next));
+    const int64_t next = j0 + kDotNr, next_rows = std::max<int64_t>(0, std::min<int64_t>(kDotNr, n - next));
     for (int64_t t = 0; t < row_tiles; ++t) {
       const int64_t i0 = t * kDotMr, mr = std::min<int64_t>(kDotMr, m - i0);
       // row tile t prefetches row t of the next weight tile; the last one all rows left
