@@ -1,6 +1,8 @@
 // AVX-512 tier of the quantized GEMM tiles: bfloat16 pairs with vdpbf16ps (AVX-512 BF16) and
 // int8 quads with vpdpbusd (AVX-512 VNNI). Register blocking: 12 rows x 32 columns (24 zmm
 // accumulators, the two panel vectors of a K step, one broadcast of the row's K pair / quad).
+// The bfloat16 grouped GEMM has its own kernel here (bf16_dot_rows: 4 x 6 dot-product tiles on
+// both operands in place, no packing).
 // Every function carries a target attribute and has internal linkage (the file is compiled for
 // baseline x86-64); the tables are handed out only when the CPU has the instructions.
 //
