@@ -486,16 +486,17 @@ void run(const Problem& p, int num_threads) {
   if (p.a.rows == 0 || p.w.rows == 0) return;
   const int nt = clamp_threads(num_threads);
   const Call c(p, float_tile(), int8_tile());
+  if (p.kind == Kind::kBf16 && c.ft.dot_rows) {   // one form for every expert
+    std::vector<int64_t> experts;
+    for (int64_t e = 0; e < p.w.experts; ++e)
+      if (p.counts[e] > 0) experts.push_back(e);
+    run_dot_rows(c, experts, nt);
+    return;
+  }
   std::vector<int64_t> streamed, packed;
   for (int64_t e = 0; e < p.w.experts; ++e) {
     if (p.counts[e] == 0) continue;
     (p.counts[e] <= kStreamedMaxRows ? streamed : packed).push_back(e);
-  }
-  if (p.kind == Kind::kBf16 && c.ft.dot_rows) {
-    for (int64_t e : packed) streamed.push_back(e);
-    std::sort(streamed.begin(), streamed.end());
-    run_dot_rows(c, streamed, nt);
-    return;
   }
   if (!streamed.empty()) run_streamed(c, streamed, nt);
   if (!packed.empty()) run_packed(c, packed, nt);
