@@ -14,6 +14,10 @@
 // Row operands are zero-padded to whole row tiles and K steps, so every tile reads in bounds.
 // The epilogue rounds the C buffer into the output dtype (int8: removes the unsigned bias,
 // then scales and adds the bias).
+//
+// The bfloat16 grouped GEMM on a tier with a dot_rows kernel (AVX-512 BF16) takes neither form:
+// every expert runs in one third form (run_dot_rows), both operands read in place, so there too
+// the result does not depend on an expert's row count, the thread count or the task split.
 #include "qgemm.h"
 
 #include <algorithm>
@@ -94,6 +98,8 @@ constexpr int64_t kFloatKc = 512;       // K block of the float path (a multiple
 constexpr int64_t kIntKc = 1024;        // K block of the int8 path (a multiple of 64)
 constexpr int64_t kRowBlock = 256;      // rows whose C block (x nc columns) stays in L2
 constexpr int64_t kStreamedMaxRows = 64;  // experts with at most this many rows stream the weights
+constexpr int64_t kDotBlock = 192;        // weight rows per task of the dot_rows form (32 of its 6-row tiles)
+constexpr int64_t kDotChunkBytes = 512 * 1024;  // x rows per dot_rows call: half of a 1-2 MiB L2
 constexpr int64_t kInt8MaxK = (int64_t{1} << 31) / (128 * 128) - 1;  // |sum| < 2^31: 131071
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -436,11 +442,57 @@ void run_streamed(const Call& c, const std::vector<int64_t>& experts, int nt) {
   }
 }
 
+// ---- bfloat16 in place: tiers with a dot_rows kernel (bfloat16 only) ------------------------------
+// Every expert, whatever its row count, in one form: tasks (expert, block of weight rows), each
+// the tier's dot_rows on chunks of the expert's rows (a chunk's x rows stay in L2 while the
+// block's weight rows stream by) against the block's weight rows, both read where they are; the
+// float32 sums rounded into the output row by row. An element's computation does not depend on
+// its chunk, block or thread (dot_rows), so neither does the result.
+void run_dot_rows(const Call& c, const std::vector<int64_t>& experts, int nt) {
+  const Problem& p = c.p;
+  const int64_t count = static_cast<int64_t>(experts.size());
+  int64_t block = kDotBlock;
+  if (count * ceil_div(c.n, block) < 4 * nt) block = std::max<int64_t>(1, ceil_div(c.n * count, 4 * nt));
+  block = std::min(block, c.n);
+  // x rows per chunk: about kDotChunkBytes of them, a multiple of 4, 4 to 64
+  const int64_t chunk_rows = kDotChunkBytes / (2 * std::max<int64_t>(c.k, 1)) / 4 * 4;
+  const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, chunk_rows));
+  std::vector<std::pair<int64_t, int64_t>> tasks;  // (expert, first weight row)
+  for (int64_t e : experts)
+    for (int64_t n0 = 0; n0 < c.n; n0 += block) tasks.emplace_back(e, n0);
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
+  const int64_t es = dtype_bytes(p.a.dtype);
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads_for(p.a.rows * c.n * c.k, nt), ntasks)))
+  {
+    std::vector<float> cf;   // [chunk rows][block]
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntasks; ++t) {
+      const int64_t e = tasks[t].first, n0 = tasks[t].second, ncur = std::min(block, c.n - n0);
+      const uint16_t* w = static_cast<const uint16_t*>(c.weights(e)) + n0 * p.w.row_stride;
+      for (int64_t r0 = 0; r0 < p.counts[e]; r0 += chunk) {
+        const int64_t rows = std::min<int64_t>(chunk, p.counts[e] - r0), row0 = c.src_row[e] + r0;
+        cf.resize(static_cast<size_t>(rows * ncur));
+        const uint16_t* x = reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.a.data) +
+                                                              row0 * p.a.row_stride * es);
+        c.ft.dot_rows(x, p.a.row_stride, rows, w, p.w.row_stride, ncur, c.k, cf.data(), ncur);
+        for (int64_t r = 0; r < rows; ++r) store_row(p.out, row0 + r, n0, cf.data() + r * ncur, ncur);
+      }
+    }
+  }
+}
+
 void run(const Problem& p, int num_threads) {
   check_counts(p);
   if (p.a.rows == 0 || p.w.rows == 0) return;
   const int nt = clamp_threads(num_threads);
   const Call c(p, float_tile(), int8_tile());
+  if (p.kind == Kind::kBf16 && c.ft.dot_rows) {   // one form for every expert
+    std::vector<int64_t> experts;
+    for (int64_t e = 0; e < p.w.experts; ++e)
+      if (p.counts[e] > 0) experts.push_back(e);
+    run_dot_rows(c, experts, nt);
+    return;
+  }
   std::vector<int64_t> streamed, packed;
   for (int64_t e = 0; e < p.w.experts; ++e) {
     if (p.counts[e] == 0) continue;

@@ -70,6 +70,11 @@ struct FloatTile {
   // With scales (FP8; kc a multiple of 128), each 128-K block's sums are scaled (BlockScales).
   void (*tile)(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* c, int64_t ldc,
                bool accumulate, const BlockScales* scales);
+  // The bfloat16 grouped GEMM without packing, where the tier has it (null elsewhere): both
+  // operands read in place, K contiguous, any m, n, k >= 0 (no padding):
+  // C[i][j] = sum_{k' < k} x[i][k'] * w[j][k'] in float32 for i < m, j < n (C row stride ldc).
+  void (*dot_rows)(const uint16_t* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t n, int64_t k,
+                   float* c, int64_t ldc);
 };
 
 struct Int8Tile {

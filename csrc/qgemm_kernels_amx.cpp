@@ -196,7 +196,7 @@ bool amx_usable() {
 }
 
 const FloatTile* amx_float_tile() {
-  static const FloatTile t{kAmx, kMr, avx512_pack_float_panel, avx512_fp8_to_bf16, begin, end, float_tile};
+  static const FloatTile t{kAmx, kMr, avx512_pack_float_panel, avx512_fp8_to_bf16, begin, end, float_tile, nullptr};
   return amx_usable() ? &t : nullptr;
 }
 

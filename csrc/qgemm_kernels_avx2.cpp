@@ -138,7 +138,7 @@ bool has_avx2() {
 }  // namespace
 
 const FloatTile* avx2_float_tile() {
-  static const FloatTile t{kAvx2, kFloatMr, pack_float_panel, fp8_to_bf16, nullptr, nullptr, float_tile};
+  static const FloatTile t{kAvx2, kFloatMr, pack_float_panel, fp8_to_bf16, nullptr, nullptr, float_tile, nullptr};
   static const bool ok = has_avx2();
   return ok ? &t : nullptr;
 }

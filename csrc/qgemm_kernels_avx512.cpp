@@ -1,6 +1,8 @@
 // AVX-512 tier of the quantized GEMM tiles: bfloat16 pairs with vdpbf16ps (AVX-512 BF16) and
 // int8 quads with vpdpbusd (AVX-512 VNNI). Register blocking: 12 rows x 32 columns (24 zmm
 // accumulators, the two panel vectors of a K step, one broadcast of the row's K pair / quad).
+// The bfloat16 grouped GEMM has its own kernel here (bf16_dot_rows: 4 x 6 dot-product tiles on
+// both operands in place, no packing).
 // Every function carries a target attribute and has internal linkage (the file is compiled for
 // baseline x86-64); the tables are handed out only when the CPU has the instructions.
 //
@@ -13,11 +15,15 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 
 // GCC 12 reports the deliberately undefined lanes inside its own AVX-512 intrinsic headers
-// (_mm512_undefined_*) as maybe-uninitialized at every inlined use.
+// (_mm512_undefined_*) as (maybe-)uninitialized at every inlined use.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #define GLM5_T512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2")))
 #define GLM5_T512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2")))
@@ -135,6 +141,100 @@ inline __mmask32 mask32(int64_t n) {
 }
 inline __mmask64 mask64(int64_t n) { return n >= 64 ? ~uint64_t{0} : n <= 0 ? 0 : (uint64_t{1} << n) - 1; }
 
+// ---- bfloat16 rows against bfloat16 rows, both read in place -------------------------------------
+// The bfloat16 grouped GEMM's kernel on this tier: x rows and weight rows are both contiguous
+// along K, so each zmm accumulator takes 32 products of one (row, weight row) pair per
+// vdpbf16ps (16 lanes of K pairs) and is reduced once, after all of K. No packing of either
+// operand: the weights stream from memory straight into the loop.
+//
+// Register tile: 4 x rows by 6 weight rows, 24 accumulators, the 4 x vectors of a 32-K step in
+// registers and each weight vector read once per step (10 loads per 24 vdpbf16ps). The x rows
+// of one call (at most a few hundred KiB) stay in L2 while the weight tiles pass by: a weight
+// tile (6 rows over all of K) is read from memory once, by the first row tile, and from L2 by
+// the others; while one weight tile is in use the next one is prefetched into L2, one row per
+// row tile, so that its memory traffic is spread over the whole tile's compute.
+//
+// Every element is the same computation wherever it falls (tile position, tails, thread
+// split): lane l of its accumulator sums the products at K = 32 s + 2 l and 32 s + 2 l + 1 over
+// the steps s in order (the K tail's missing elements loaded as zeros), then the 16 lanes are
+// added by _mm512_reduce_add_ps's fixed tree.
+constexpr int kDotMr = 4;
+constexpr int kDotNr = 6;
+
+template <int MR, int NR>
+GLM5_T512BF16 void dot_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k, float* c,
+                            int64_t ldc, const uint16_t* prefetch, int64_t prefetch_rows) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t k_whole = k & ~int64_t{31};
+  int64_t k0 = 0;
+  for (; k0 < k_whole; k0 += 32) {
+    for (int64_t r = 0; r < prefetch_rows; ++r)   // one cache line of each row per step
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + r * ldw + k0), _MM_HINT_T1);
+    __m512bh xv[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(x + i * ldx + k0);
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; ++j) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + j * ldw + k0);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
+    }
+  }
+  if (k0 < k) {   // the K tail: elements past K load as zeros
+    const __mmask32 m = mask32(k - k0);
+    __m512bh xv[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) xv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i * ldx + k0);
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; ++j) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + j * ldw + k0);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; ++j) c[i * ldc + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+using DotTile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
+                         const uint16_t*, int64_t);
+
+template <int MR, int... NR>
+constexpr std::array<DotTile, kDotNr> dot_tile_row(std::integer_sequence<int, NR...>) {
+  return {dot_tile<MR, NR + 1>...};
+}
+
+// kDotTiles[mr - 1][nr - 1]: the tile of mr x rows by nr weight rows (the tails' tiles too).
+constexpr std::array<std::array<DotTile, kDotNr>, kDotMr> kDotTiles{
+    dot_tile_row<1>(std::make_integer_sequence<int, kDotNr>{}),
+    dot_tile_row<2>(std::make_integer_sequence<int, kDotNr>{}),
+    dot_tile_row<3>(std::make_integer_sequence<int, kDotNr>{}),
+    dot_tile_row<4>(std::make_integer_sequence<int, kDotNr>{})};
+
+GLM5_T512BF16 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw,
+                                 int64_t n, int64_t k, float* c, int64_t ldc) {
+  const int64_t row_tiles = (m + kDotMr - 1) / kDotMr;
+  for (int64_t j0 = 0; j0 < n; j0 += kDotNr) {
+    const int64_t nr = std::min<int64_t>(kDotNr, n - j0);
+    const int64_t next = j0 + kDotNr, next_rows = std::max<int64_t>(0, std::min<int64_t>(kDotNr, n - next));
+    for (int64_t t = 0; t < row_tiles; ++t) {
+      const int64_t i0 = t * kDotMr, mr = std::min<int64_t>(kDotMr, m - i0);
+      // row tile t prefetches row t of the next weight tile; the last one all rows left
+      const int64_t pf_first = std::min(t, next_rows);
+      const int64_t pf_end = t + 1 < row_tiles ? std::min(t + 1, next_rows) : next_rows;
+      kDotTiles[mr - 1][nr - 1](x + i0 * ldx, ldx, w + j0 * ldw, ldw, k, c + i0 * ldc + j0, ldc,
+                                w + (next + pf_first) * ldw, pf_end - pf_first);
+    }
+  }
+}
+
+
 // in[0..15]: 16 rows of 16 dwords -> out[i] = dword i of every row (a 16 x 16 transpose).
 GLM5_T512 inline void transpose16(const __m512i* in, __m512i* out) {
   __m512i t[16], u[16];
@@ -237,7 +337,8 @@ bool has_avx512() {
 }  // namespace
 
 const FloatTile* avx512_float_tile() {
-  static const FloatTile t{kAvx512, kMr, avx512_pack_float_panel, avx512_fp8_to_bf16, nullptr, nullptr, float_tile};
+  static const FloatTile t{kAvx512, kMr, avx512_pack_float_panel, avx512_fp8_to_bf16, nullptr, nullptr, float_tile,
+                           bf16_dot_rows};
   static const bool ok = has_avx512() && __builtin_cpu_supports("avx512bf16");
   return ok ? &t : nullptr;
 }

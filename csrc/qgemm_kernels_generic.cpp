@@ -63,7 +63,8 @@ void portable_int8(const int8_t* a, int64_t lda, const int8_t* b, int64_t kc, in
 }  // namespace
 
 const FloatTile& portable_float_tile() {
-  static const FloatTile t{kPortable, kPortableMr, pack_float_panel, fp8_to_bf16, nullptr, nullptr, portable_float};
+  static const FloatTile t{kPortable, kPortableMr, pack_float_panel, fp8_to_bf16, nullptr, nullptr, portable_float,
+                           nullptr};
   return t;
 }
 

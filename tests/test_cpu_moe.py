@@ -164,6 +164,42 @@ def test_grouped_gemm_matches_reference(dtype):
     assert empty.shape == (0, 24)
 
 
+def _gemm_float_tiers() -> list[int]:
+    """The qgemm tier limits at which the bfloat16 path changes tier (each tested once)."""
+    previous, limits, seen = _C.qgemm_set_isa_limit(4), [], set()
+    try:
+        for limit in range(_C.qgemm_max_isa(), -1, -1):
+            _C.qgemm_set_isa_limit(limit)
+            if _C.qgemm_float_isa() not in seen:
+                seen.add(_C.qgemm_float_isa())
+                limits.append(limit)
+    finally:
+        _C.qgemm_set_isa_limit(previous)
+    return limits
+
+
+@pytest.mark.parametrize("gemm_limit", _gemm_float_tiers())
+@pytest.mark.parametrize("counts,n,k", [
+    ((0, 1, 3, 33), 13, 70),   # rows per expert 0, 1, 3, 33: every row tail of a 4-row tile
+    ((2, 7, 4), 6, 32),        # whole 6-row weight tiles, one whole 32-wide K step
+    ((130, 5), 11, 40),        # 130 rows: several row chunks; N = 6 + 5
+    ((6, 0), 29, 95),          # N = 4 * 6 + 5, K = 2 * 32 + 31
+    ((3, 2), 9, 0),            # K = 0: zeros
+])
+def test_bf16_grouped_gemm_tails_match_reference(gemm_limit, counts, n, k):
+    """The native bfloat16 grouped_gemm on each of its tile tiers (on AVX-512 BF16 the 4 x 6
+    dot-product tiles over rows read in place) with tails in every dim, x rows strided and
+    unaligned, against the float32-accumulating reference."""
+    g = gen("gg-tails", counts, n, k)
+    tpe = torch.tensor(counts, dtype=torch.int32)
+    wide = torch.randn(int(tpe.sum()), k + 3, generator=g).bfloat16()
+    x = wide[:, 1:k + 1]   # row stride k + 3, first element off alignment
+    w = (torch.randn(len(counts), n, k, generator=g) / max(k, 1) ** 0.5).bfloat16()
+    with isa_limit(gemm_limit, _C.qgemm_set_isa_limit):
+        out = hal.ops.grouped_gemm(x, w, tpe)
+    assert_close(out, reference("grouped_gemm", x, w, tpe), torch.bfloat16, widen=4)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("n_group,topk_group,score_func", [(1, 1, "sigmoid"), (8, 4, "sigmoid"), (1, 1, "softmax")])
 def test_moe_route_matches_reference(dtype, n_group, topk_group, score_func):

@@ -358,6 +358,13 @@ int main() {
       run_bf16({{40, 1}}, 70, 1030, fi);                     // K tail, streamed weights
       run_bf16({{70, 3}}, 40, 300, fi);                      // packed weights (70 rows) and streamed
       run_bf16({{1}}, 1, 1, fi);
+      // the AVX-512 BF16 dot-product tiles (4 x rows by 6 weight rows, 32-wide K steps): row
+      // tails of 1-3, weight-row tails of 1-5, K tails, whole tiles, row chunks (130 rows)
+      run_bf16({{0, 1, 3, 33}}, 13, 70, fi);
+      run_bf16({{2, 7, 4}}, 6, 32, fi);
+      run_bf16({{130, 5}}, 11, 40, fi);
+      run_bf16({{6, 0}}, 29, 95, fi);
+      run_bf16({{3, 2}}, 9, 0, fi);                          // K = 0: zeros
     }
     if (new_int) {
       for (DType od : kFloats) {
