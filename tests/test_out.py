@@ -209,6 +209,33 @@ def test_out_is_refused_when_autograd_records_the_call(name, backend):
     assert_bitwise(out, expected)
 
 
+@pytest.mark.parametrize("name", OUT_OPS)
+def test_a_remembered_call_still_checks_what_its_key_does_not_hold(name, backend):
+    # a call with a buffer that passed is remembered under its call key (metadata only):
+    # memory overlap and grad mode are still checked on every call
+    op = OPS[name]
+    op.clear()
+    public, args = op.public, inputs(name)
+    expected = first(public(*args))
+    for _ in range(2):
+        assert first(public(*args, out=buffer_like(expected))) is not None
+    assert len(op._passed_out) == 1
+    moved, out = _overlapping(args, expected, offset_bytes=None)
+    with pytest.raises(InvalidInputError, match="overlapping") as info:
+        public(*moved, out=out)
+    assert info.value.arg == "out"
+    assert len(op._passed_out) == 1    # the same key: the overlap was found on the remembered path
+    if op.differentiable:
+        tracked = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                        else a for a in args)
+        with torch.no_grad():
+            public(*tracked, out=buffer_like(expected))
+        out = buffer_like(expected)
+        with pytest.raises(InvalidInputError, match="automatic differentiation"):
+            public(*tracked, out=out)     # the same key, grad mode now on
+        assert (out == SENTINEL).all()
+
+
 def test_a_value_error_leaves_out_untouched(backend):
     x, w = torch.randn(6, 8), torch.randn(2, 4, 8)
     out = torch.full((6, 4), SENTINEL)

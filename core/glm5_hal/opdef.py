@@ -279,6 +279,12 @@ class Op:
                                    if isinstance(args[p], Tensor) and args[p].optional)
         self.check, self.public, self.kernel = self._generate()
         self.check_out = self._generate_out_check() if out is not None else None
+        # call_key's plan for a call with a buffer: the inputs', then `out`'s (contiguity
+        # read), every requires_grad flag read (_remember_out)
+        plan = self.contract.plan
+        self._out_plan = (plan.upper() + b"C" if out is not None and plan is not None
+                          and _call_key is not None else None)
+        self._passed_out: dict[tuple, tuple] = {}
         self._function: type[torch.autograd.Function] | None = None
         self._functionalized: Callable | None = None
         self._register_torch_op(mutates, autograd)
@@ -400,27 +406,65 @@ class Op:
         and its result is copied in with `out.copy_`, so the transform sees ordinary aten ops
         (the memory check needs data pointers, which a transform's tensors may lack: it runs
         eagerly only)."""
-        key = self.check_out(*args, out)
-        self._refuse_autograd(out, args)
-        if torch.compiler.is_dynamo_compiling() or _transformed(out, *args):
-            compiling = torch.compiler.is_dynamo_compiling()
-            result = self.torch_call(*args) if compiling else self.via_torch(*args)
-            return self._into(out, result)
+        call_key = None if self._out_plan is None else _call_key(self._out_plan, _PIN.get(), *args, out)
+        hit = None if call_key is None else self._passed_out.get(call_key)
+        if hit is None:
+            # the checks in full (and the transforms, under which call_key gives no key)
+            key = self.check_out(*args, out)
+            self._refuse_autograd(out, args)
+            if torch.compiler.is_dynamo_compiling() or _transformed(out, *args):
+                compiling = torch.compiler.is_dynamo_compiling()
+                result = self.torch_call(*args) if compiling else self.via_torch(*args)
+                return self._into(out, result)
+            key = (key[0], key[1], _PIN.get(), *key[2:])
+            hit = self._remember_out(call_key, key, out, args)
+        elif hit[1] and torch.is_grad_enabled():
+            self._refuse_autograd(out, args)
+        key, _, impl, check_values = hit
+        # addresses change from call to call: never remembered
         _refuse_overlap(self, out, args)
-        key = (key[0], key[1], _PIN.get(), *key[2:])
-        decision = self.decision(key)
-        impl, rejections = select(decision, args)
-        if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
-            dispatcher().fallback(self, key, decision, rejections)
-        if decision.check_values is not None and not impl.validates_values:
-            decision.check_values(*args)
+        if impl is None:   # the slow path: per-call predicates, fallback accounting
+            decision = self.decision(key)
+            impl, rejections = select(decision, args)
+            if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
+                dispatcher().fallback(self, key, decision, rejections)
+            if decision.check_values is not None and not impl.validates_values:
+                check_values = decision.check_values
+        if check_values is not None:
+            check_values(*args)
         if not impl.takes_out:
             return self._into(out, impl.fn(*args))
         result = impl.fn(*args, out=out)
         # written outside autograd: bump the version as an in-place op would, so that a graph
         # that saved `out` earlier refuses its backward instead of reading the new values
-        _increment_version(out)
+        _increment_version((out,))
         return (out, *result[1:]) if isinstance(result, tuple) else out
+
+    def _remember_out(self, call_key: tuple | None, key: tuple, out: torch.Tensor, args: tuple) -> tuple:
+        """What a call with an out= buffer that passed the checks needs again, kept under its
+        call key (the inputs' and the buffer's metadata, requires_grad flags included):
+        (decision key, whether a tensor requires grad, the implementation when one serves
+        every call with that key or None, the value checks to run before it or None)."""
+        tracks_grad = any(t.requires_grad for a in (out, *args) for t in (a if isinstance(a, (tuple, list)) else (a,))
+                          if isinstance(t, torch.Tensor))
+        impl = check_values = None
+        try:
+            decision = self.decision(key)
+        except HalError:
+            decision = None   # the slow path raises it, in its place
+        if decision is not None and not decision.static_rejections:
+            first = decision.candidates[0]
+            if not first.needs_per_call_check and (first.supports_metadata is None
+                                                   or _verdict(first.supports_metadata, args) is True):
+                impl = first
+                if decision.check_values is not None and not first.validates_values:
+                    check_values = decision.check_values
+        hit = (key, tracks_grad, impl, check_values)
+        if call_key is not None and not _torch_function_mode():
+            if len(self._passed_out) >= _PASSED_LIMIT:
+                self._passed_out.clear()
+            self._passed_out[call_key] = hit
+        return hit
 
     @staticmethod
     def _into(out: torch.Tensor, result: Any) -> Any:
@@ -617,6 +661,7 @@ class Op:
         self._direct.clear()
         self._decisions.clear()
         self._passed.clear()
+        self._passed_out.clear()
 
     def __repr__(self) -> str:
         return f"<glm5_hal op {self.name}{self.signature}>"
@@ -672,32 +717,41 @@ def signature_mismatch(op: Op, fn: Callable) -> str | None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-_increment_version = torch.autograd.graph.increment_version
+_increment_version = torch._C._increment_version
 
 
 def _refuse_overlap(op: Op, out: torch.Tensor, args: tuple) -> None:
     """InvalidInputError if `out`'s memory overlaps an input's (from its first element to its
     last, strides included): a kernel would read what it has already overwritten. Reads data
-    pointers and strides only (no device sync); tensors without memory (meta) are skipped."""
+    pointers, sizes and strides only (no device sync); tensors without memory (meta) pass."""
     start = out.data_ptr()
-    if start == 0 or out.numel() == 0:
+    if not start:
         return
     end = start + out.nbytes
-    for p, a in zip(op.params, args):
-        for t in (a if isinstance(a, (tuple, list)) else (a,)):
-            if not isinstance(t, torch.Tensor):
-                continue
-            first = t.data_ptr()
-            if first == 0 or first >= end:
-                continue
-            numel = t.numel()
-            if numel == 0:
-                continue
-            last = first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
-            if last > start:
-                raise InvalidInputError(op.name, "out", "memory not overlapping any input's",
-                                        f"bytes [{start:#x}, {end:#x}) overlapping {p!r} at "
-                                        f"[{first:#x}, {last:#x})")
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            if type(a) is tuple or type(a) is list:   # an FP8 pair
+                for t in a:
+                    _refuse_overlap_of(op, op.params[i], t, start, end)
+            continue
+        first = a.data_ptr()
+        if first < end and first:
+            _refuse_overlap_of(op, op.params[i], a, start, end)
+
+
+def _refuse_overlap_of(op: Op, name: str, t: torch.Tensor, start: int, end: int) -> None:
+    first = t.data_ptr()
+    if first >= end or not first:
+        return
+    if t.is_contiguous():
+        last = first + t.nbytes
+    elif t.numel():
+        last = first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+    else:
+        return
+    if last > start and last > first:
+        raise InvalidInputError(op.name, "out", "memory not overlapping any input's",
+                                f"bytes [{start:#x}, {end:#x}) overlapping {name!r} at [{first:#x}, {last:#x})")
 
 
 def _key_without_pin(key: str) -> str:
