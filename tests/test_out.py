@@ -33,7 +33,7 @@ SENTINEL = 7.0
 def test_the_ops_fed_from_a_workspace_take_out():
     # the ops whose result has a shape fixed by metadata, which model code and serving engines
     # call with preallocated buffers; an op joining or leaving the list is a contract change
-    assert OUT_OPS == ["rms_norm", "silu_and_mul", "sparse_mla_attention", "sparse_mla_decode_paged",
+    assert OUT_OPS == ["rms_norm", "silu_and_mul", "indexer_topk_paged", "sparse_mla_attention", "sparse_mla_decode_paged",
                        "dense_mla_decode_paged", "moe_unpermute", "grouped_gemm", "w4a16_gemm",
                        "fp8_block_gemm", "fp8_grouped_gemm", "int8_gemm", "int8_grouped_gemm"]
 
@@ -171,6 +171,8 @@ BAD = ["not_a_tensor", "longer", "flattened", "empty", "dtype", "device", "non_c
 def test_a_bad_out_is_refused_before_anything_is_written(name, kind, backend):
     public, args = OPS[name].public, inputs(name)
     expected = first(public(*args))
+    if kind == "requires_grad" and not expected.is_floating_point():
+        pytest.skip("an integer tensor cannot require grad")
     args, out = _bad_out(kind, expected, args)
     before = out.clone() if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
     inputs_before = [a.clone() for a in args if isinstance(a, torch.Tensor)]
@@ -241,6 +243,18 @@ def test_a_value_error_leaves_out_untouched(backend):
     out = torch.full((6, 4), SENTINEL)
     with pytest.raises(InvalidInputError, match="tokens_per_expert"):
         hal.ops.grouped_gemm(x, w, torch.tensor([2, 3], dtype=torch.int32), out=out)   # sums to 5, not 6
+    assert (out == SENTINEL).all()
+
+
+@pytest.mark.parametrize("name", ["indexer_topk_paged", "sparse_mla_decode_paged", "dense_mla_decode_paged"])
+def test_a_paging_error_leaves_out_untouched(name, backend):
+    # the native kernels check the block table and lengths themselves, before writing
+    public, args = OPS[name].public, inputs(name)
+    out = buffer_like(first(public(*args)))
+    lens = OPS[name].params.index("context_lens")
+    bad = args[:lens] + (torch.full_like(args[lens], 1 << 20),) + args[lens + 1:]
+    with pytest.raises(InvalidInputError, match="context_lens"):
+        public(*bad, out=out)
     assert (out == SENTINEL).all()
 
 

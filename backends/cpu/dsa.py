@@ -40,9 +40,10 @@ def indexer_topk(q, k, weights, k_start, k_end, topk):
 
 
 @cpu.impl("indexer_topk_paged", dtypes=FLOATS, validates_values=True)
-def indexer_topk_paged(q, k_cache, weights, block_table, context_lens, topk):
+def indexer_topk_paged(q, k_cache, weights, block_table, context_lens, topk, *, out=None):
     k_cache, k_cache_scale = _split(k_cache)
-    out = empty((q.shape[0], q.shape[1], topk), _I32)
+    if out is None:
+        out = empty((q.shape[0], q.shape[1], topk), _I32)
     _C.indexer_topk_paged(out, q, k_cache, k_cache_scale, weights, block_table, context_lens, threads())
     return out
 

@@ -406,16 +406,18 @@ class Op:
         and its result is copied in with `out.copy_`, so the transform sees ordinary aten ops
         (the memory check needs data pointers, which a transform's tensors may lack: it runs
         eagerly only)."""
+        if torch.compiler.is_dynamo_compiling():   # dynamo traces this: the custom op, then copy_
+            self.check_out(*args, out)
+            self._refuse_autograd(out, args)
+            return self._into(out, self.torch_call(*args))
         call_key = None if self._out_plan is None else _call_key(self._out_plan, _PIN.get(), *args, out)
         hit = None if call_key is None else self._passed_out.get(call_key)
         if hit is None:
             # the checks in full (and the transforms, under which call_key gives no key)
             key = self.check_out(*args, out)
             self._refuse_autograd(out, args)
-            if torch.compiler.is_dynamo_compiling() or _transformed(out, *args):
-                compiling = torch.compiler.is_dynamo_compiling()
-                result = self.torch_call(*args) if compiling else self.via_torch(*args)
-                return self._into(out, result)
+            if _transformed(out, *args):
+                return self._into(out, self.via_torch(*args))
             key = (key[0], key[1], _PIN.get(), *key[2:])
             hit = self._remember_out(call_key, key, out, args)
         elif hit[1] and torch.is_grad_enabled():

@@ -126,6 +126,7 @@ indexer_topk_paged = define(
         "indexer_topk_paged", _key_values(k_cache), block_table, context_lens),
     fake=lambda q, k_cache, weights, block_table, context_lens, topk: q.new_empty(
         (q.shape[0], q.shape[1], topk), dtype=torch.int32),
+    out=Out("B, N, topk", dtype=torch.int32),
     doc="""Indexer top-k for decode over a paged key cache, N query tokens per sequence.
 
     q:            [B, N, Hi, D] bfloat16 | float16 | float32 (N > 1 for MTP / speculative decode)
@@ -139,6 +140,8 @@ indexer_topk_paged = define(
     returns [B, N, topk] int32: logical positions of the topk largest indexer logits of query i
             of sequence b over [0, context_lens[b] - N + i + 1) (empty when that is <= 0),
             left-packed, -1 padded.
+    out:          optional [B, N, topk] int32 buffer (a serving engine's shared top-k buffer),
+                  written and returned (docs/ops.md, "out=").
     """)
 
 # -- MLA attention ----------------------------------------------------------------------------
