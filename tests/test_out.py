@@ -1,4 +1,4 @@
-"""The out= buffers (docs/ops.md, "out="): every op declared with one (glm5_hal.contract.Out)
+"""The out= buffers (docs/ops.md, "out= buffers"): every op declared with one (glm5_hal.contract.Out)
 writes its result into the caller's buffer bit for bit as it would return it, returns that
 same object, refuses every bad buffer with InvalidInputError naming `out` before writing
 anything, gives eager's result under every transform, and on the cpu backend's native
@@ -33,9 +33,9 @@ SENTINEL = 7.0
 def test_the_ops_fed_from_a_workspace_take_out():
     # the ops whose result has a shape fixed by metadata, which model code and serving engines
     # call with preallocated buffers; an op joining or leaving the list is a contract change
-    assert OUT_OPS == ["rms_norm", "silu_and_mul", "indexer_topk_paged", "sparse_mla_attention", "sparse_mla_decode_paged",
-                       "dense_mla_decode_paged", "moe_unpermute", "grouped_gemm", "w4a16_gemm",
-                       "fp8_block_gemm", "fp8_grouped_gemm", "int8_gemm", "int8_grouped_gemm"]
+    assert OUT_OPS == ["rms_norm", "silu_and_mul", "indexer_topk_paged", "sparse_mla_attention",
+                       "sparse_mla_decode_paged", "dense_mla_decode_paged", "moe_unpermute", "grouped_gemm",
+                       "w4a16_gemm", "fp8_block_gemm", "fp8_grouped_gemm", "int8_gemm", "int8_grouped_gemm"]
 
 
 @functools.cache
@@ -302,7 +302,8 @@ def test_the_cpu_backend_writes_into_out_without_a_cached_buffer():
         for _ in range(3):
             assert hal.ops.rms_norm(x, w, 1e-6, out=out) is out
         after = cpu_backend.cached_output_stats()
-    assert (after["hits"], after["misses"], after["uncached"]) == (taken["hits"], taken["misses"], taken["uncached"])
+    counters = ("hits", "misses", "uncached")
+    assert [after[c] for c in counters] == [taken[c] for c in counters]
     assert_bitwise(out, hal.ops.rms_norm(x, w, 1e-6))
 
 

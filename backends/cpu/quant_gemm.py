@@ -1,7 +1,8 @@
 """The GEMMs on the checkpoint formats (OPS.md section 3.1) and int8_quant on the cpu backend:
 native kernels (csrc/qgemm.cpp, csrc/quant.cpp). The wrappers allocate the outputs and pass the
-tensors (large outputs reused: backends/cpu/buffers.py; a caller's checked out= buffer written instead when given); the kernels read their layouts (copying what they cannot read in place) and validate
-the counts of the grouped forms themselves."""
+tensors (large outputs reused: backends/cpu/buffers.py; a caller's checked out= buffer written
+instead when given); the kernels read their layouts (copying what they cannot read in place)
+and validate the counts of the grouped forms themselves."""
 from __future__ import annotations
 
 import torch

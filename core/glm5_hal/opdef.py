@@ -447,8 +447,8 @@ class Op:
         call key (the inputs' and the buffer's metadata, requires_grad flags included):
         (decision key, whether a tensor requires grad, the implementation when one serves
         every call with that key or None, the value checks to run before it or None)."""
-        tracks_grad = any(t.requires_grad for a in (out, *args) for t in (a if isinstance(a, (tuple, list)) else (a,))
-                          if isinstance(t, torch.Tensor))
+        tracks_grad = any(t.requires_grad for a in (out, *args)
+                          for t in (a if isinstance(a, (tuple, list)) else (a,)) if isinstance(t, torch.Tensor))
         impl = check_values = None
         try:
             decision = self.decision(key)

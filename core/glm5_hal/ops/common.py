@@ -21,7 +21,7 @@ rms_norm = define(
     weight: [D] float (any of the three), same device
     eps:    float >= 0, added to mean(x^2) inside the rsqrt
     returns [..., D] like x: x * rsqrt(mean(x^2, -1) + eps) * weight, computed in float32.
-    out:    optional [..., D] buffer of x's dtype, written and returned (docs/ops.md, "out=").
+    out:    optional [..., D] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 silu_and_mul = define(
@@ -35,7 +35,7 @@ silu_and_mul = define(
 
     x:      [..., 2N] bfloat16 | float16 | float32, the gate in x[..., :N], the up projection in x[..., N:]
     returns [..., N] like x: silu(x[..., :N]) * x[..., N:], computed in float32.
-    out:    optional [..., N] buffer of x's dtype, written and returned (docs/ops.md, "out=").
+    out:    optional [..., N] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 

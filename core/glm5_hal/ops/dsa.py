@@ -141,7 +141,7 @@ indexer_topk_paged = define(
             of sequence b over [0, context_lens[b] - N + i + 1) (empty when that is <= 0),
             left-packed, -1 padded.
     out:          optional [B, N, topk] int32 buffer (a serving engine's shared top-k buffer),
-                  written and returned (docs/ops.md, "out=").
+                  written and returned (docs/ops.md, "out= buffers").
     """)
 
 # -- MLA attention ----------------------------------------------------------------------------
@@ -165,7 +165,7 @@ sparse_mla_attention = define(
             over the valid entries, out = softmax(z) @ kv[idx, :d_v], lse = logsumexp(z)
             (natural log); a row with no valid entry gives out 0 and lse -inf.
     out:     optional [T, H, d_v] buffer of q's dtype for the first result, written and
-             returned as it (lse is returned fresh; docs/ops.md, "out=").
+             returned as it (lse is returned fresh; docs/ops.md, "out= buffers").
     Differentiable in q and kv.
     """)
 
@@ -195,7 +195,7 @@ sparse_mla_decode_paged = define(
             on each sequence's logical rows.
     out:          optional [B, N, H, d_v] buffer of q's dtype for the first result (a serving
                   engine's attention output), written and returned as it (lse is returned fresh;
-                  docs/ops.md, "out=").
+                  docs/ops.md, "out= buffers").
     """)
 
 dense_mla_decode_paged = define(

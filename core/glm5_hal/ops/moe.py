@@ -95,7 +95,7 @@ moe_unpermute = define(
     weights: [T, k] float32 routing weights (moe_route's first output)
     returns [T, D] like y: out[t] = sum over rows r with src[r] // k == t of
         weights[t, src[r] % k] * y[r], accumulated in float32; tokens without rows get 0.
-    out:     optional [T, D] buffer of y's dtype, written and returned (docs/ops.md, "out=").
+    out:     optional [T, D] buffer of y's dtype, written and returned (docs/ops.md, "out= buffers").
     Differentiable with respect to y and weights.
     """)
 
@@ -117,7 +117,7 @@ grouped_gemm = define(
     w:                 [E, N, K] same dtype as x (expert e's weight is w[e], used as w[e]^T)
     tokens_per_expert: [E] int32, counts >= 0 summing to M; zero-row experts are fine
     returns [M, N] like x: y[rows_e] = x[rows_e] @ w[e]^T, accumulated in float32.
-    out:               optional [M, N] buffer of x's dtype, written and returned (docs/ops.md, "out=").
+    out:               optional [M, N] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     Differentiable with respect to x and w.
     """)
 

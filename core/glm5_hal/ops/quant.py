@@ -122,7 +122,7 @@ w4a16_gemm = define(
     scale:      [N, K / group_size] float32, same device
     group_size: int >= 1 dividing K
     returns [M, N] like x: x @ int4_unpack(packed, scale, group_size)^T, float32 accumulation.
-    out:        optional [M, N] buffer of x's dtype, written and returned (docs/ops.md, "out=").
+    out:        optional [M, N] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     Differentiable w.r.t. x (and scale).
     """)
 
@@ -156,7 +156,7 @@ fp8_block_gemm = define(
     out_dtype: bfloat16 (default) | float16 | float32
     returns [M, N] out_dtype: sum_k (a[m, k] a_scale[m, k/{BLOCK}]) (w[n, k] w_scale[n/{BLOCK}, k/{BLOCK}]),
             accumulated in float32.
-    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out=").
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 fp8_grouped_gemm = define(
@@ -178,7 +178,7 @@ fp8_grouped_gemm = define(
     tokens_per_expert: [E] int32 >= 0 summing to M (experts with zero rows are valid)
     out_dtype:         bfloat16 (default) | float16 | float32
     returns [M, N] out_dtype: the rows of expert e times w[e] as fp8_block_gemm.
-    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out=").
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 
@@ -218,7 +218,7 @@ int8_gemm = define(
     bias:      [N] float32 or None
     returns [M, N] out_dtype: float(sum_k x[m, k] w[n, k]) * x_scale[m] * w_scale[n] (+ bias[n]);
             the integer sum is exact (int32), so backends agree up to float32 rounding of the scaling.
-    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out=").
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 int8_grouped_gemm = define(
@@ -239,7 +239,7 @@ int8_grouped_gemm = define(
     tokens_per_expert: [E] int32 >= 0 summing to M
     out_dtype:         bfloat16 (default) | float16 | float32
     returns [M, N] out_dtype: the rows of expert e times w[e] as int8_gemm.
-    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out=").
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 __all__ = defined_in(__name__)
