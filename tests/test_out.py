@@ -267,6 +267,19 @@ def test_a_buffer_disjoint_from_the_inputs_in_the_same_memory_is_accepted():
     assert_bitwise(out, hal.ops.rms_norm(x, w, 1e-6))
 
 
+def test_a_strided_input_spans_its_first_to_its_last_element():
+    # x: the first 8 columns of 4 rows of 16, elements [0, 56) of the memory; a buffer from
+    # element 50 overlaps its last row, one from element 56 does not
+    memory, w = torch.randn(100), torch.randn(8)
+    x = memory[:64].view(4, 16)[:, :8]
+    expected = hal.ops.rms_norm(x, w, 1e-6)
+    with pytest.raises(InvalidInputError, match="overlapping 'x'"):
+        hal.ops.rms_norm(x, w, 1e-6, out=memory[50:82].view(4, 8))
+    out = memory[56:88].view(4, 8)
+    assert hal.ops.rms_norm(x, w, 1e-6, out=out) is out
+    assert_bitwise(out, expected)
+
+
 def test_a_buffer_that_saved_for_backward_sees_its_version_bumped():
     # a native write into out bumps its version as an in-place op does, so a graph that
     # saved the old values refuses its backward instead of using the new ones

@@ -725,35 +725,36 @@ _increment_version = torch._C._increment_version
 def _refuse_overlap(op: Op, out: torch.Tensor, args: tuple) -> None:
     """InvalidInputError if `out`'s memory overlaps an input's (from its first element to its
     last, strides included): a kernel would read what it has already overwritten. Reads data
-    pointers, sizes and strides only (no device sync); tensors without memory (meta) pass."""
+    pointers, sizes and strides only (no device sync); tensors without memory (meta) pass.
+    Inline and flat: it runs on every call with a buffer."""
     start = out.data_ptr()
     if not start:
         return
     end = start + out.nbytes
     for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor):
-            if type(a) is tuple or type(a) is list:   # an FP8 pair
-                for t in a:
-                    _refuse_overlap_of(op, op.params[i], t, start, end)
-            continue
-        first = a.data_ptr()
-        if first < end and first:
-            _refuse_overlap_of(op, op.params[i], a, start, end)
+        if isinstance(a, torch.Tensor):
+            first = a.data_ptr()
+            # an input starting below out's end overlaps it if its last byte lies past out's start
+            if first < end and first and (first + a.nbytes > start if a.is_contiguous() else
+                                          _span_end(a, first) > start) and a.numel():
+                _overlap_error(op, op.params[i], out, a)
+        elif type(a) is tuple or type(a) is list:   # an FP8 pair
+            for t in a:
+                first = t.data_ptr()
+                if first < end and first and _span_end(t, first) > start and t.numel():
+                    _overlap_error(op, op.params[i], out, t)
 
 
-def _refuse_overlap_of(op: Op, name: str, t: torch.Tensor, start: int, end: int) -> None:
-    first = t.data_ptr()
-    if first >= end or not first:
-        return
-    if t.is_contiguous():
-        last = first + t.nbytes
-    elif t.numel():
-        last = first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
-    else:
-        return
-    if last > start and last > first:
-        raise InvalidInputError(op.name, "out", "memory not overlapping any input's",
-                                f"bytes [{start:#x}, {end:#x}) overlapping {name!r} at [{first:#x}, {last:#x})")
+def _span_end(t: torch.Tensor, first: int) -> int:
+    """The address past `t`'s last element (its first at `first`; strides are non-negative)."""
+    return first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _overlap_error(op: Op, name: str, out: torch.Tensor, t: torch.Tensor) -> None:
+    start, first = out.data_ptr(), t.data_ptr()
+    raise InvalidInputError(op.name, "out", "memory not overlapping any input's",
+                            f"bytes [{start:#x}, {start + out.nbytes:#x}) overlapping {name!r} at "
+                            f"[{first:#x}, {_span_end(t, first):#x})")
 
 
 def _key_without_pin(key: str) -> str:
