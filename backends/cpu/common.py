@@ -1,6 +1,6 @@
 """The elementwise ops (docs/ops/common.md) on the native kernels of csrc/common_ops.cpp.
 Inputs are already validated by glm5_hal.ops; these allocate outputs (large ones reused:
-backends/cpu/buffers.py) and pass the tensors.
+backends/cpu/buffers.py), or write into a caller's checked out= buffer, and pass the tensors.
 Kept lean: every line here is paid on every call."""
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ from .native import _C, FLOATS, threads
 
 
 @cpu.impl("rms_norm", dtypes=FLOATS)
-def rms_norm(x, weight, eps):
-    out = empty_like(x)
+def rms_norm(x, weight, eps, *, out=None):
+    if out is None:
+        out = empty_like(x)
     _C.rms_norm(out, x, weight, eps, threads())
     return out
 
 
 @cpu.impl("silu_and_mul", dtypes=FLOATS)
-def silu_and_mul(x):
-    shape = x.shape
-    out = empty((*shape[:-1], shape[-1] // 2), x.dtype)
+def silu_and_mul(x, *, out=None):
+    if out is None:
+        shape = x.shape
+        out = empty((*shape[:-1], shape[-1] // 2), x.dtype)
     _C.silu_and_mul(out, x, threads())
     return out
 

@@ -31,8 +31,9 @@ def moe_permute(x, ids, num_experts):
 
 # validates_values: the kernel checks 0 <= src < T*k itself, before writing (csrc/moe.cpp).
 @cpu.impl("moe_unpermute", dtypes=FLOATS, validates_values=True)
-def moe_unpermute(y, src, weights):
-    out = empty((weights.shape[0], y.shape[1]), y.dtype)
+def moe_unpermute(y, src, weights, *, out=None):
+    if out is None:
+        out = empty((weights.shape[0], y.shape[1]), y.dtype)
     _C.moe_unpermute(out, y, src, weights, threads())
     return out
 
@@ -40,22 +41,26 @@ def moe_unpermute(y, src, weights):
 # validates_values: the bf16 kernel checks the counts itself (csrc/qgemm.cpp); the torch path
 # checks them before slicing by them.
 @cpu.impl("grouped_gemm", dtypes=FLOATS, validates_values=True)
-def grouped_gemm(x, w, tokens_per_expert):
+def grouped_gemm(x, w, tokens_per_expert, *, out=None):
     if x.dtype == torch.bfloat16:  # the MoE layer's dtype: native tiles (AMX / AVX-512 BF16 / AVX2)
-        out = empty((x.shape[0], w.shape[1]), x.dtype)
+        if out is None:
+            out = empty((x.shape[0], w.shape[1]), x.dtype)
         _C.bf16_grouped_gemm(out, x, w, tokens_per_expert, threads())
         return out
     # float16 / float32: torch's GEMMs (oneDNN/BLAS; float16 accumulates in float32 inside). What
     # is saved against the reference: no float32 copies of x and w, and each expert's product
     # lands in its slice of one output (no torch.cat).
     expert_counts("grouped_gemm", tokens_per_expert, x.shape[0], "x")
-    return per_expert_mm(x, w, tokens_per_expert)
+    return per_expert_mm(x, w, tokens_per_expert, out)
 
 
-def per_expert_mm(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """torch's GEMM once per expert, each product written into its slice of one output (the
-    counts already checked). Also the bench's torch peer of the native bf16 grouped GEMM."""
-    out = empty((x.shape[0], w.shape[1]), x.dtype)
+def per_expert_mm(x: torch.Tensor, w: torch.Tensor, tokens_per_expert: torch.Tensor,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's GEMM once per expert, each product written into its slice of one output (`out`
+    when given; the counts already checked). Also the bench's torch peer of the native bf16
+    grouped GEMM."""
+    if out is None:
+        out = empty((x.shape[0], w.shape[1]), x.dtype)
     start = 0
     for e, n in enumerate(tokens_per_expert.tolist()):
         if n:

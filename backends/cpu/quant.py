@@ -47,13 +47,16 @@ def int4_unpack(packed, scale, group_size):
 
 
 @cpu.impl("w4a16_gemm", dtypes=FLOATS)
-def w4a16_gemm(x, packed, scale, group_size):
+def w4a16_gemm(x, packed, scale, group_size, *, out=None):
     # Dequantize the weight natively, then one torch GEMM (oneDNN/BLAS: the best CPU GEMM at
     # hand) in float32, the accumulation the contract asks for; a bf16 copy of the weight
     # would round every weight once more.
     # The float32 product and the weight land in cached buffers: both are as large as outputs.
+    # A float32 out= buffer takes the product itself; another dtype takes the rounded copy.
+    if out is not None and x.dtype == torch.float32:
+        return torch.mm(x, _unpack(packed, scale, group_size).t(), out=out)
     acc = empty((x.shape[0], packed.shape[0]), torch.float32)
     torch.mm(x.float(), _unpack(packed, scale, group_size).t(), out=acc)
     if x.dtype == torch.float32:
         return acc
-    return empty(acc.shape, x.dtype).copy_(acc)
+    return (empty(acc.shape, x.dtype) if out is None else out).copy_(acc)

@@ -7,6 +7,7 @@ op implementations filled with the `impl` decorator. Everything else has a safe 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 from typing import Any, Callable, Iterable, Mapping
 
@@ -58,6 +59,9 @@ class Impl:
     # a metadata-only predicate: evaluated once per call key (glm5_hal.opdef), its verdict
     # remembered with the chosen implementation
     supports_metadata: SupportsFn | None = None
+    # `fn` takes a keyword-only `out=` buffer and writes its (first) result there, for an op
+    # declared with one (glm5_hal.contract.Out); detected from fn's signature at registration
+    takes_out: bool = False
 
     @property
     def needs_per_call_check(self) -> bool:
@@ -106,7 +110,11 @@ class Backend:
 
         dtypes: the dtypes of the op's dispatch argument this kernel accepts (None: all).
         The function takes exactly the op's parameters, by name and in order (as the op's
-        reference in glm5_hal.reference does); registration refuses anything else.
+        reference in glm5_hal.reference does); registration refuses anything else. For an op
+        with an `out=` buffer (glm5_hal.contract.Out) it may also take a keyword-only
+        `out=None`: a call with a buffer then passes it, already checked (shape, dtype,
+        device, contiguous, not overlapping an input), and the function writes its (first)
+        result there instead of allocating one; without it dispatch copies the result in.
         supports_metadata: optional predicate `supports_metadata(*args) -> True | reason` that
             reads only what a call key holds: each tensor's dtype, device and sizes (its
             contiguity only where the op's contract requires it), the scalars, and the
@@ -132,7 +140,7 @@ class Backend:
                 raise PluginError(f"backend {self.name!r}: op {op!r} implemented twice")
             self._impls[op] = Impl(op, self, fn,
                                    None if dtypes is None else frozenset(dtypes), supports,
-                                   validates_values, supports_metadata)
+                                   validates_values, supports_metadata, takes_out(fn))
             return fn
         return register
 
@@ -167,6 +175,15 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} device_type={self.device_type!r} priority={self.priority}>"
+
+
+def takes_out(fn: Callable) -> bool:
+    """Whether `fn` takes a keyword-only `out` argument (an out= buffer)."""
+    try:
+        parameter = inspect.signature(fn).parameters.get("out")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def describe_args(args: Any) -> str:

@@ -17,6 +17,10 @@ Shapes are written as comma-separated dims, outermost first:
 
 Rules and shape expressions may call the helpers in `HELPERS` (`is_power_of_two`, `ceil_div`).
 
+An op that takes a caller's output buffer declares it with `Out` (the `out=` keyword of its
+public function): the result's shape over dims the inputs bound, and its dtype. It compiles
+into `Compiled.out_lines`, checked after the inputs.
+
 Everything here only reads metadata, so the same check runs on fake tensors while tracing;
 data-dependent checks (index ranges) are the op's value checks (glm5_hal.checks).
 """
@@ -137,6 +141,23 @@ class Let:
     expression: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Out:
+    """The caller-provided output buffer an op may take as `out=` (glm5_hal.opdef.define): a
+    dense, contiguous tensor of exactly the result's shape and dtype on the dispatch device.
+    For an op that returns a tuple it is the first result's buffer.
+
+    shape: dims written over names the inputs bound, and scalar arguments ("B, N, H, d_v",
+        "..., N2 // 2"); no new names: a buffer is never resized, so every dim is known
+        before the call. A leading "..." stands for the leading dims of the one input whose
+        shape starts with "...".
+    dtype: the name of a tensor argument (its dtype), of a DType argument (its value), or a
+        torch.dtype.
+    """
+    shape: str
+    dtype: str | torch.dtype
+
+
 ArgSpec = Tensor | Fp8Pair | Int | Number | Bool | Choice | DType | Unchecked
 
 #: call_key plan codes of a Tensor argument by (contiguous, optional)
@@ -158,27 +179,34 @@ class Compiled:
     `plan` says what the check reads from each parameter, for glm5_hal._C.call_key (one
     byte each: "t" a tensor, "c" one whose contiguity is read, "o"/"p" the same optional,
     "k" a key, "s" a scalar), or None when the check reads something call_key does not
-    (an Unchecked argument): two calls with equal call keys pass or fail the check alike."""
+    (an Unchecked argument): two calls with equal call keys pass or fail the check alike.
+
+    `out_lines` check the `out` buffer (an `Out` spec) against the bound dims; they run after
+    `lines`, in the same function, with `out` a parameter after the op's (empty: no `Out`)."""
     lines: tuple[str, ...]
     namespace: dict[str, Any]
     device: str
     dtype: str
     pair_flags: tuple[str, ...]
     plan: bytes | None
+    out_lines: tuple[str, ...] = ()
 
 
 def compile_contract(op: str, params: Sequence[str], args: dict[str, ArgSpec],
-                     rules: Sequence[Rule | Let] = ()) -> Compiled:
+                     rules: Sequence[Rule | Let] = (), out: Out | None = None) -> Compiled:
     """Compiles the declaration of `op` into a check. `args` declares every parameter, in
     the order they are checked (a shape may use a scalar declared before it); the first
-    declared tensor is the first tensor parameter, whose device and dtype key dispatch."""
+    declared tensor is the first tensor parameter, whose device and dtype key dispatch.
+    `out`: the op's output buffer, if it takes one (`Compiled.out_lines`)."""
+    if out is not None and "out" in params:
+        raise HalError(f"op {op}: a parameter named 'out' clashes with the out= buffer")
     unknown = set(args) - set(params)
     if unknown:
         raise HalError(f"op {op}: contract declares unknown arguments {sorted(unknown)}")
     missing = [p for p in params if p not in args]
     if missing:
         raise HalError(f"op {op}: contract does not declare {missing}")
-    return _Compiler(op, list(params), args, list(rules)).run()
+    return _Compiler(op, list(params), args, list(rules)).run(out)
 
 
 class _Compiler:
@@ -201,6 +229,7 @@ class _Compiler:
         self.dispatch = tensors[0]
         self.pairs: list[str] = []
         self.constants = 0
+        self.leading: list[tuple[str, int]] = []   # (tensor, its listed dims) for "..., ..." shapes
 
     def _failer(self):
         op = self.op
@@ -218,7 +247,7 @@ class _Compiler:
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("    " * depth + line)
 
-    def run(self) -> Compiled:
+    def run(self, out: Out | None = None) -> Compiled:
         for name in self.args:  # in declaration order: a shape may use a scalar declared before it
             spec = self.args[name]
             if isinstance(spec, Unchecked):
@@ -235,8 +264,12 @@ class _Compiler:
         pending = [r.expression if isinstance(r, Let) else r.condition for r, _ in self.rules]
         if pending:
             raise HalError(f"op {self.op}: rules name unknown dims or arguments: {pending}")
-        return Compiled(tuple(self.lines), self.ns, "_dev", f"_dt_{self.dispatch}",
-                        tuple(f"_pair_{p}" for p in self.pairs), self.plan())
+        lines = tuple(self.lines)
+        self.lines = []
+        if out is not None:
+            self.out(out)
+        return Compiled(lines, self.ns, "_dev", f"_dt_{self.dispatch}",
+                        tuple(f"_pair_{p}" for p in self.pairs), self.plan(), tuple(self.lines))
 
     def plan(self) -> bytes | None:
         codes = []
@@ -285,6 +318,9 @@ class _Compiler:
         self.type_and_rank(name, var, spec.shape, depth)
         self.dtype(name, var, spec.dtypes, depth)
         self.device_of(name, var, depth)
+        dims = _split(spec.shape)
+        if dims and dims[0] == "..." and not spec.optional:
+            self.leading.append((name, len(dims) - 1))
         if spec.contiguous:
             # the class's method: an attribute set on the tensor must not answer for it
             self.emit(f"if not _Tensor.is_contiguous({var}):", depth)
@@ -377,6 +413,58 @@ class _Compiler:
         for index, dim in binds:
             self.emit(f"{_DIM_PREFIX}{dim} = _s_{name}[{index}]", depth)
             self.bound.add(dim)
+
+    # -- the out= buffer ------------------------------------------------------------------
+    def out(self, spec: Out) -> None:
+        """Lines checking `out` against `spec`, after the inputs: every dim is bound by then."""
+        dims = _split(spec.shape)
+        lead = bool(dims) and dims[0] == "..."
+        if lead:
+            dims = dims[1:]
+            if len(self.leading) != 1:
+                raise HalError(f"op {self.op}: out shape {spec.shape!r} starts with '...', which needs "
+                               f"exactly one input shaped '..., ...'; found {[n for n, _ in self.leading]}")
+        for dim in dims:
+            missing = _names(dim, self.op) - self.bound
+            if dim == "*" or missing:
+                raise HalError(f"op {self.op}: out shape {spec.shape!r}: every dim must be written over "
+                               f"names the inputs bind (a buffer is never resized); unbound: "
+                               f"{sorted(missing) if missing else ['*']}")
+        exprs = [_rename(d, self.params) for d in dims]
+        if lead:
+            source, listed = self.leading[0]
+            exprs.insert(0, f"*_s_{source}[:len(_s_{source}) - {listed}]")
+            names = f"[..., {', '.join(dims)}] (... the leading dims of {source!r})"
+        else:
+            names = f"[{', '.join(dims)}]"
+        expected = f"({', '.join(exprs)}{',' if len(exprs) == 1 else ''})"
+        self.ns["_strided"] = torch.strided
+        self.emit("if type(out) is not _Tensor and not isinstance(out, _Tensor):", 0)
+        self.emit("_fail('out', 'a torch.Tensor or None', type(out).__name__)", 1)
+        self.emit("if out.layout is not _strided:", 0)
+        self.emit("_fail('out', 'a dense (strided) tensor', 'layout %s' % (out.layout,))", 1)
+        self.emit("_dt_out = out.dtype", 0)
+        if isinstance(spec.dtype, torch.dtype):
+            wanted, why = self.const(spec.dtype), ""
+        elif spec.dtype in self.tensors:
+            wanted, why = self.tensors[spec.dtype], f" (the dtype of {spec.dtype!r})"
+        elif isinstance(self.args.get(spec.dtype), DType):
+            wanted, why = spec.dtype, f" ({spec.dtype})"
+        else:
+            raise HalError(f"op {self.op}: out dtype {spec.dtype!r} is neither a torch.dtype, a tensor "
+                           "argument nor a DType argument")
+        text = self.const(f"dtype {{}}{why} (the result's; out= never converts)")
+        self.emit(f"if _dt_out is not {wanted}:", 0)
+        self.emit(f"_fail('out', {text}.format(_dtname({wanted})), _dtname(_dt_out))", 1)
+        self.device_of("out", "out", 0)
+        self.emit("_s_out = out.shape", 0)
+        self.emit(f"_e_out = {expected}", 0)
+        template = self.const(f"shape {names} = {{}} (the result's; out= never resizes)")
+        self.emit("if _s_out != _e_out:", 0)
+        self.emit(f"_fail('out', {template}.format(list(_e_out)), 'shape %s' % list(_s_out))", 1)
+        self.emit("if not _Tensor.is_contiguous(out):", 0)
+        self.emit("_fail('out', 'a contiguous tensor', 'strides %s for shape %s' "
+                  "% (list(out.stride()), list(_s_out)))", 1)
 
     # -- keys ----------------------------------------------------------------------------
     def fp8_pair(self, name: str, spec: Fp8Pair) -> None:

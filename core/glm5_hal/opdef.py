@@ -44,7 +44,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from .backend import REFERENCE, Backend, Impl, describe_args
-from .contract import ArgSpec, Compiled, Fp8Pair, Rule, Tensor, compile_contract, key_scale_name
+from .contract import ArgSpec, Compiled, Fp8Pair, Out, Rule, Tensor, compile_contract, key_scale_name
 from .errors import HalError, InvalidInputError
 
 NAMESPACE = "glm5_hal"
@@ -204,7 +204,7 @@ def define(reference: Callable, *, args: dict[str, ArgSpec], fake: Callable,
            rules: Sequence[Rule] = (), check_values: Callable[..., None] | None = None,
            mutates: Sequence[str] = (), differentiable: bool = False,
            autograd: tuple[Callable, ...] | None = None, doc: str | None = None,
-           name: str | None = None) -> Callable:
+           name: str | None = None, out: Out | None = None) -> Callable:
     """Defines an op and returns its public function.
 
     reference: the reference implementation; its name and annotated signature are the op's.
@@ -221,9 +221,12 @@ def define(reference: Callable, *, args: dict[str, ArgSpec], fake: Callable,
         the forward-mode rule `jvp(inputs, tangents) -> output tangent(s)` (None: the
         reference's Jacobian-vector product, which must then agree with `backward`).
     doc: the public function's docstring: every argument's shape and dtype, and the result.
+    out: the public function takes a keyword-only `out=` buffer for its (first) result, of
+        this shape and dtype (glm5_hal.contract.Out; `Op.call_with_out` says what a call with
+        one does). The torch custom op stays functional.
     """
     op = Op(name or reference.__name__, reference, args, rules, fake, check_values, mutates,
-            differentiable or autograd is not None, autograd)
+            differentiable or autograd is not None, autograd, out)
     if op.name in OPS:
         raise HalError(f"op {op.name!r} defined twice")
     OPS[op.name] = op
@@ -255,7 +258,7 @@ class Op:
     def __init__(self, name: str, reference: Callable, args: dict[str, ArgSpec],
                  rules: Sequence[Rule], fake: Callable, check_values: Callable[..., None] | None,
                  mutates: Sequence[str], differentiable: bool,
-                 autograd: tuple[Callable, ...] | None) -> None:
+                 autograd: tuple[Callable, ...] | None, out: Out | None = None) -> None:
         self.name = name
         self.reference = reference
         self.fake = fake
@@ -264,7 +267,8 @@ class Op:
         self.differentiable = differentiable
         self.signature = inspect.signature(reference)
         self.params = tuple(self.signature.parameters)
-        self.contract: Compiled = compile_contract(name, self.params, args, rules)
+        self.out = out
+        self.contract: Compiled = compile_contract(name, self.params, args, rules, out)
         self.pairs = tuple(p for p in self.params if isinstance(args[p], Fp8Pair))
         self.schema = _infer_schema(name, reference, self.signature, self.pairs, mutates)
         self._direct: dict[tuple, Callable] = {}
@@ -274,6 +278,13 @@ class Op:
         self._optional = frozenset(p for p in self.params
                                    if isinstance(args[p], Tensor) and args[p].optional)
         self.check, self.public, self.kernel = self._generate()
+        self.check_out = self._generate_out_check() if out is not None else None
+        # call_key's plan for a call with a buffer: the inputs', then `out`'s (contiguity
+        # read), every requires_grad flag read (_remember_out)
+        plan = self.contract.plan
+        self._out_plan = (plan.upper() + b"C" if out is not None and plan is not None
+                          and _call_key is not None else None)
+        self._passed_out: dict[tuple, tuple] = {}
         self._function: type[torch.autograd.Function] | None = None
         self._functionalized: Callable | None = None
         self._register_torch_op(mutates, autograd)
@@ -300,6 +311,11 @@ class Op:
         head = [f"def {self.name}({defaults}):",
                 "    if _dynamo_compiling():",
                 f"        return _torch_call({params})"]
+        if self.out is not None:
+            # out=None costs this one test; a buffer takes Op.call_with_out
+            head = [f"def {self.name}({defaults}, *, out=None):",
+                    "    if out is not None:",
+                    f"        return _with_out(out, {params})", *head[1:]]
         # under a transform (a dispatch or function mode, a functorch level, a tensor subclass)
         # the call goes through torch's dispatcher, after the same checks
         transformed = [f"    if _transformed({params}):", f"        return _via_torch({params})"]
@@ -353,7 +369,7 @@ class Op:
                   _grad_enabled=torch.is_grad_enabled,
                   _pin=_PIN.get, _direct_get=self._direct.get, _slow=self.slow,
                   _via_torch=self.via_torch, _torch_call=self.torch_call, _call_key=_call_key, _passed_get=self._passed.get,
-                  _remember=self._remember)
+                  _remember=self._remember, _with_out=self.call_with_out)
         ns.update({f"_default_{p.name}": p.default for p in self.signature.parameters.values()
                    if p.default is not inspect.Parameter.empty})
         code = compile(source, f"<glm5_hal op {self.name}>", "exec")
@@ -363,6 +379,122 @@ class Op:
         public.__qualname__ = self.name
         public.op = self
         return ns["check"], public, ns["kernel"]
+
+    def _generate_out_check(self) -> Callable:
+        """`check_out(*args, out)`: the input check, then the `out` buffer's (contract.Out);
+        returns the decision key without the pin, as `check` does."""
+        c = self.contract
+        params = ", ".join(self.params)
+        key = f"({c.device}, {c.dtype}" + "".join(f", {f}" for f in c.pair_flags) + ")"
+        source = "\n".join([f"def check_out({params}, out):",
+                            *[f"    {line}" for line in (*c.lines, *c.out_lines)],
+                            f"    return {key}"])
+        ns = dict(c.namespace)
+        exec(compile(source, f"<glm5_hal op {self.name} out check>", "exec"), ns)
+        self.out_source = source
+        return ns["check_out"]
+
+    def call_with_out(self, out: Any, *args: Any) -> Any:
+        """A call with an `out=` buffer, as torch's out= variants behave: everything (the
+        inputs, then `out`: exact dtype and shape, the dispatch device, dense and contiguous,
+        no memory shared with an input; no autograd recording the call) is checked before
+        anything is written, and the call returns `out` itself (for an op returning a tuple:
+        the tuple with `out` first).
+
+        Eagerly an implementation that takes `out` (Impl.takes_out) writes its result there;
+        another's result is copied in. Under a transform the functional torch custom op runs
+        and its result is copied in with `out.copy_`, so the transform sees ordinary aten ops
+        (the memory check needs data pointers, which a transform's tensors may lack: it runs
+        eagerly only)."""
+        if torch.compiler.is_dynamo_compiling():   # dynamo traces this: the custom op, then copy_
+            self.check_out(*args, out)
+            self._refuse_autograd(out, args)
+            return self._into(out, self.torch_call(*args))
+        call_key = None if self._out_plan is None else _call_key(self._out_plan, _PIN.get(), *args, out)
+        hit = None if call_key is None else self._passed_out.get(call_key)
+        if hit is None:
+            # the checks in full (and the transforms, under which call_key gives no key)
+            key = self.check_out(*args, out)
+            self._refuse_autograd(out, args)
+            if _transformed(out, *args):
+                return self._into(out, self.via_torch(*args))
+            key = (key[0], key[1], _PIN.get(), *key[2:])
+            hit = self._remember_out(call_key, key, out, args)
+        elif hit[1] and torch.is_grad_enabled():
+            self._refuse_autograd(out, args)
+        key, _, impl, check_values = hit
+        # addresses change from call to call: never remembered
+        _refuse_overlap(self, out, args)
+        if impl is None:   # the slow path: per-call predicates, fallback accounting
+            decision = self.decision(key)
+            impl, rejections = select(decision, args)
+            if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
+                dispatcher().fallback(self, key, decision, rejections)
+            if decision.check_values is not None and not impl.validates_values:
+                check_values = decision.check_values
+        if check_values is not None:
+            check_values(*args)
+        if not impl.takes_out:
+            return self._into(out, impl.fn(*args))
+        result = impl.fn(*args, out=out)
+        # written outside autograd: bump the version as an in-place op would, so that a graph
+        # that saved `out` earlier refuses its backward instead of reading the new values
+        _increment_version((out,))
+        return (out, *result[1:]) if isinstance(result, tuple) else out
+
+    def _remember_out(self, call_key: tuple | None, key: tuple, out: torch.Tensor, args: tuple) -> tuple:
+        """What a call with an out= buffer that passed the checks needs again, kept under its
+        call key (the inputs' and the buffer's metadata, requires_grad flags included):
+        (decision key, whether a tensor requires grad, the implementation when one serves
+        every call with that key or None, the value checks to run before it or None)."""
+        tracks_grad = any(t.requires_grad for a in (out, *args)
+                          for t in (a if isinstance(a, (tuple, list)) else (a,)) if isinstance(t, torch.Tensor))
+        impl = check_values = None
+        try:
+            decision = self.decision(key)
+        except HalError:
+            decision = None   # the slow path raises it, in its place
+        if decision is not None and not decision.static_rejections:
+            first = decision.candidates[0]
+            if not first.needs_per_call_check and (first.supports_metadata is None
+                                                   or _verdict(first.supports_metadata, args) is True):
+                impl = first
+                if decision.check_values is not None and not first.validates_values:
+                    check_values = decision.check_values
+        hit = (key, tracks_grad, impl, check_values)
+        if call_key is not None and not _torch_function_mode():
+            if len(self._passed_out) >= _PASSED_LIMIT:
+                self._passed_out.clear()
+            self._passed_out[call_key] = hit
+        return hit
+
+    @staticmethod
+    def _into(out: torch.Tensor, result: Any) -> Any:
+        if isinstance(result, tuple):
+            out.copy_(result[0])
+            return (out, *result[1:])
+        out.copy_(result)
+        return out
+
+    def _refuse_autograd(self, out: torch.Tensor, args: tuple) -> None:
+        """out= with autograd recording is refused, as torch refuses it ("functions with out=...
+        arguments don't support automatic differentiation"): the result would not carry the
+        graph, and a native write into `out` bypasses autograd."""
+        if not torch.is_grad_enabled():
+            return
+        if out.requires_grad:
+            raise InvalidInputError(self.name, "out", "a tensor that does not require grad while grad "
+                                    "mode is on (out= does not support automatic differentiation)",
+                                    "out.requires_grad=True")
+        if not self.differentiable:
+            return
+        for p, a in zip(self.params, args):
+            for t in (a if isinstance(a, (tuple, list)) else (a,)):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    raise InvalidInputError(self.name, "out", "None when an input requires grad and grad "
+                                            "mode is on (out= does not support automatic differentiation; "
+                                            "call under torch.no_grad() or without out=)",
+                                            f"a buffer, with {p!r} requiring grad")
 
     def _remember(self, call_key: tuple | None, key: tuple, needs_grad: bool, args: tuple) -> tuple:
         """The hit for a call that passed the check: (decision key, whether it needs
@@ -531,6 +663,7 @@ class Op:
         self._direct.clear()
         self._decisions.clear()
         self._passed.clear()
+        self._passed_out.clear()
 
     def __repr__(self) -> str:
         return f"<glm5_hal op {self.name}{self.signature}>"
@@ -586,6 +719,44 @@ def signature_mismatch(op: Op, fn: Callable) -> str | None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+_increment_version = torch._C._increment_version
+
+
+def _refuse_overlap(op: Op, out: torch.Tensor, args: tuple) -> None:
+    """InvalidInputError if `out`'s memory overlaps an input's (from its first element to its
+    last, strides included): a kernel would read what it has already overwritten. Reads data
+    pointers, sizes and strides only (no device sync); tensors without memory (meta) pass.
+    Inline and flat: it runs on every call with a buffer."""
+    start = out.data_ptr()
+    if not start:
+        return
+    end = start + out.nbytes
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            first = a.data_ptr()
+            # an input starting below out's end overlaps it if its last byte lies past out's start
+            if first < end and first and (first + a.nbytes > start if a.is_contiguous() else
+                                          _span_end(a, first) > start) and a.numel():
+                _overlap_error(op, op.params[i], out, a)
+        elif type(a) is tuple or type(a) is list:   # an FP8 pair
+            for t in a:
+                first = t.data_ptr()
+                if first < end and first and _span_end(t, first) > start and t.numel():
+                    _overlap_error(op, op.params[i], out, t)
+
+
+def _span_end(t: torch.Tensor, first: int) -> int:
+    """The address past `t`'s last element (its first at `first`; strides are non-negative)."""
+    return first + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _overlap_error(op: Op, name: str, out: torch.Tensor, t: torch.Tensor) -> None:
+    start, first = out.data_ptr(), t.data_ptr()
+    raise InvalidInputError(op.name, "out", "memory not overlapping any input's",
+                            f"bytes [{start:#x}, {start + out.nbytes:#x}) overlapping {name!r} at "
+                            f"[{first:#x}, {_span_end(t, first):#x})")
+
+
 def _key_without_pin(key: str) -> str:
     return key.replace(", _pin()", "")
 

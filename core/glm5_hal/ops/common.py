@@ -5,7 +5,7 @@ import torch
 
 from .. import reference as ref
 from ..checks import FLOAT_DTYPES as FLOAT, SLOT_DTYPES
-from ..contract import Bool, Number, Rule, Tensor
+from ..contract import Bool, Number, Out, Rule, Tensor
 from ..opdef import define, defined_in
 
 rms_norm = define(
@@ -13,6 +13,7 @@ rms_norm = define(
     args=dict(x=Tensor("..., D", FLOAT), weight=Tensor("D", FLOAT), eps=Number(min=0.0)),
     rules=[Rule("x", "D >= 1", "a last dim >= 1")],
     fake=lambda x, weight, eps: torch.empty_like(x),
+    out=Out("..., D", dtype="x"),
     differentiable=True,
     doc="""Root-mean-square normalisation over the last dim.
 
@@ -20,6 +21,7 @@ rms_norm = define(
     weight: [D] float (any of the three), same device
     eps:    float >= 0, added to mean(x^2) inside the rsqrt
     returns [..., D] like x: x * rsqrt(mean(x^2, -1) + eps) * weight, computed in float32.
+    out:    optional [..., D] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 silu_and_mul = define(
@@ -27,11 +29,13 @@ silu_and_mul = define(
     args=dict(x=Tensor("..., N2", FLOAT)),
     rules=[Rule("x", "N2 >= 2 and N2 % 2 == 0", "an even last dim >= 2 ([gate, up] halves)")],
     fake=lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
+    out=Out("..., N2 // 2", dtype="x"),
     differentiable=True,
     doc="""The SwiGLU activation of a fused [gate, up] projection.
 
     x:      [..., 2N] bfloat16 | float16 | float32, the gate in x[..., :N], the up projection in x[..., N:]
     returns [..., N] like x: silu(x[..., :N]) * x[..., N:], computed in float32.
+    out:    optional [..., N] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 

@@ -8,7 +8,7 @@ import torch
 from .. import checks as C
 from .. import reference as ref
 from ..checks import FLOAT_DTYPES as FLOAT, INDEX_DTYPES as INDEX
-from ..contract import Fp8Pair, Int, Number, Rule, Tensor
+from ..contract import Fp8Pair, Int, Number, Out, Rule, Tensor
 from ..opdef import define, defined_in
 
 F32 = (torch.float32,)
@@ -126,6 +126,7 @@ indexer_topk_paged = define(
         "indexer_topk_paged", _key_values(k_cache), block_table, context_lens),
     fake=lambda q, k_cache, weights, block_table, context_lens, topk: q.new_empty(
         (q.shape[0], q.shape[1], topk), dtype=torch.int32),
+    out=Out("B, N, topk", dtype=torch.int32),
     doc="""Indexer top-k for decode over a paged key cache, N query tokens per sequence.
 
     q:            [B, N, Hi, D] bfloat16 | float16 | float32 (N > 1 for MTP / speculative decode)
@@ -139,6 +140,8 @@ indexer_topk_paged = define(
     returns [B, N, topk] int32: logical positions of the topk largest indexer logits of query i
             of sequence b over [0, context_lens[b] - N + i + 1) (empty when that is <= 0),
             left-packed, -1 padded.
+    out:          optional [B, N, topk] int32 buffer (a serving engine's shared top-k buffer),
+                  written and returned (docs/ops.md, "out= buffers").
     """)
 
 # -- MLA attention ----------------------------------------------------------------------------
@@ -148,6 +151,7 @@ sparse_mla_attention = define(
               **_attention_scalars()),
     rules=[_nonempty("q", "[T, H, Dqk]", "H, Dqk"), _nonempty("indices", "[T, topk]", "topk"), _D_V],
     fake=lambda q, kv, indices, sm_scale, d_v: _attention_fake(q, d_v, q.shape[:1]),
+    out=Out("T, H, d_v", dtype="q"),
     differentiable=True,
     doc="""MLA attention (absorbed / MQA mode, one latent KV head) over top-k selected rows.
 
@@ -160,6 +164,8 @@ sparse_mla_attention = define(
     returns (out [T, H, d_v] like q, lse [T, H] float32): z_j = sm_scale * q[t, h] . kv[idx_j]
             over the valid entries, out = softmax(z) @ kv[idx, :d_v], lse = logsumexp(z)
             (natural log); a row with no valid entry gives out 0 and lse -inf.
+    out:     optional [T, H, d_v] buffer of q's dtype for the first result, written and
+             returned as it (lse is returned fresh; docs/ops.md, "out= buffers").
     Differentiable in q and kv.
     """)
 
@@ -175,6 +181,7 @@ sparse_mla_decode_paged = define(
         "sparse_mla_decode_paged", kv_cache, block_table, context_lens),
     fake=lambda q, kv_cache, block_table, context_lens, indices, sm_scale, d_v: _attention_fake(
         q, d_v, q.shape[:2]),
+    out=Out("B, N, H, d_v", dtype="q"),
     doc="""Sparse MLA decode over a paged latent cache, N query tokens per sequence.
 
     q:            [B, N, H, Dqk] bfloat16 | float16 | float32
@@ -186,6 +193,9 @@ sparse_mla_decode_paged = define(
     sm_scale, d_v: as `sparse_mla_attention`
     returns (out [B, N, H, d_v] like q, lse [B, N, H] float32), as `sparse_mla_attention`
             on each sequence's logical rows.
+    out:          optional [B, N, H, d_v] buffer of q's dtype for the first result (a serving
+                  engine's attention output), written and returned as it (lse is returned fresh;
+                  docs/ops.md, "out= buffers").
     """)
 
 dense_mla_decode_paged = define(
@@ -195,11 +205,13 @@ dense_mla_decode_paged = define(
     check_values=lambda q, kv_cache, block_table, context_lens, sm_scale, d_v: _check_paging_values(
         "dense_mla_decode_paged", kv_cache, block_table, context_lens),
     fake=lambda q, kv_cache, block_table, context_lens, sm_scale, d_v: _attention_fake(q, d_v, q.shape[:2]),
+    out=Out("B, N, H, d_v", dtype="q"),
     doc="""Dense MLA decode over a paged latent cache (the baseline sparse decode must match).
 
     Arguments as `sparse_mla_decode_paged` without `indices`.
     returns (out [B, N, H, d_v] like q, lse [B, N, H] float32): query i of N attends logical
             positions [0, context_lens[b] - N + i + 1) (nothing when that is <= 0: out 0, lse -inf).
+    out: optional buffer for the first result, as `sparse_mla_decode_paged`'s.
     """)
 
 __all__ = defined_in(__name__)

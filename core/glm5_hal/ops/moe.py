@@ -10,7 +10,7 @@ import torch
 from .. import checks as C
 from .. import reference as ref
 from ..checks import FLOAT_DTYPES as FLOAT, INDEX_DTYPES as INDEX
-from ..contract import Bool, Choice, Int, Let, Number, Rule, Tensor
+from ..contract import Bool, Choice, Int, Let, Number, Out, Rule, Tensor
 from ..opdef import define, defined_in
 
 SCORE_FUNCS = ("sigmoid", "softmax")
@@ -86,6 +86,7 @@ moe_unpermute = define(
     rules=[Rule("weights", "k >= 1", "shape [T, k] with k >= 1")],
     check_values=_check_moe_unpermute_values,
     fake=lambda y, src, weights: y.new_empty(weights.shape[0], y.shape[1]),
+    out=Out("T, D", dtype="y"),
     differentiable=True,
     doc="""Scatters expert outputs back to their tokens, weighted by the routing weights.
 
@@ -94,6 +95,7 @@ moe_unpermute = define(
     weights: [T, k] float32 routing weights (moe_route's first output)
     returns [T, D] like y: out[t] = sum over rows r with src[r] // k == t of
         weights[t, src[r] % k] * y[r], accumulated in float32; tokens without rows get 0.
+    out:     optional [T, D] buffer of y's dtype, written and returned (docs/ops.md, "out= buffers").
     Differentiable with respect to y and weights.
     """)
 
@@ -107,6 +109,7 @@ grouped_gemm = define(
     args=dict(x=Tensor("M, K", FLOAT), w=Tensor("E, N, K", "x"), tokens_per_expert=Tensor("E", INDEX)),
     check_values=_check_grouped_gemm_values,
     fake=lambda x, w, tokens_per_expert: x.new_empty(x.shape[0], w.shape[1]),
+    out=Out("M, N", dtype="x"),
     differentiable=True,
     doc="""One GEMM per expert over its contiguous rows of x (moe_permute's layout).
 
@@ -114,6 +117,7 @@ grouped_gemm = define(
     w:                 [E, N, K] same dtype as x (expert e's weight is w[e], used as w[e]^T)
     tokens_per_expert: [E] int32, counts >= 0 summing to M; zero-row experts are fine
     returns [M, N] like x: y[rows_e] = x[rows_e] @ w[e]^T, accumulated in float32.
+    out:               optional [M, N] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     Differentiable with respect to x and w.
     """)
 

@@ -8,7 +8,7 @@ import torch
 from .. import checks as C
 from .. import reference as ref
 from ..checks import FLOAT_DTYPES as FLOAT, FP8
-from ..contract import Choice, DType, Int, Let, Rule, Tensor
+from ..contract import Choice, DType, Int, Let, Out, Rule, Tensor
 from ..opdef import define, defined_in
 
 SCALE_FORMATS = (None, "ue8m0")
@@ -113,6 +113,7 @@ w4a16_gemm = define(
     rules=[Rule("x", f"K % {NIBBLES_PER_WORD} == 0", _PACKABLE),
            _divides("group_size", f"{NIBBLES_PER_WORD} * packed.shape[1]")],
     fake=lambda x, packed, scale, group_size: x.new_empty((x.shape[0], packed.shape[0])),
+    out=Out("M, N", dtype="x"),
     differentiable=True,
     doc="""Activations times a packed INT4 weight, transposed (a linear layer).
 
@@ -121,6 +122,7 @@ w4a16_gemm = define(
     scale:      [N, K / group_size] float32, same device
     group_size: int >= 1 dividing K
     returns [M, N] like x: x @ int4_unpack(packed, scale, group_size)^T, float32 accumulation.
+    out:        optional [M, N] buffer of x's dtype, written and returned (docs/ops.md, "out= buffers").
     Differentiable w.r.t. x (and scale).
     """)
 
@@ -143,6 +145,7 @@ fp8_block_gemm = define(
               w_scale=Tensor(f"ceil_div(N, {BLOCK}), K // {BLOCK}", F32), out_dtype=DType(OUT_DTYPES)),
     rules=[_K_BLOCKS],
     fake=lambda a, a_scale, w, w_scale, out_dtype: _fake_gemm(a.shape[0], w.shape[0], a, out_dtype),
+    out=Out("M, N", dtype="out_dtype"),
     doc=f"""A GEMM on DeepSeek-V3 / GLM-5 FP8 checkpoint weights (DeepGEMM's fp8_gemm_nt).
 
     a:         [M, K] float8_e4m3fn activations, K a multiple of {BLOCK}
@@ -153,6 +156,7 @@ fp8_block_gemm = define(
     out_dtype: bfloat16 (default) | float16 | float32
     returns [M, N] out_dtype: sum_k (a[m, k] a_scale[m, k/{BLOCK}]) (w[n, k] w_scale[n/{BLOCK}, k/{BLOCK}]),
             accumulated in float32.
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 fp8_grouped_gemm = define(
@@ -165,6 +169,7 @@ fp8_grouped_gemm = define(
         "fp8_grouped_gemm", tokens_per_expert, a.shape[0], "a"),
     fake=lambda a, a_scale, w, w_scale, tokens_per_expert, out_dtype: _fake_gemm(a.shape[0], w.shape[1], a,
                                                                                   out_dtype),
+    out=Out("M, N", dtype="out_dtype"),
     doc=f"""fp8_block_gemm per expert over its contiguous rows (moe_permute's layout).
 
     a, a_scale:        [M, K], [M, K / {BLOCK}] as fp8_block_gemm; rows contiguous per expert, in expert order
@@ -173,6 +178,7 @@ fp8_grouped_gemm = define(
     tokens_per_expert: [E] int32 >= 0 summing to M (experts with zero rows are valid)
     out_dtype:         bfloat16 (default) | float16 | float32
     returns [M, N] out_dtype: the rows of expert e times w[e] as fp8_block_gemm.
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 
@@ -201,6 +207,7 @@ int8_gemm = define(
               out_dtype=DType(OUT_DTYPES), bias=Tensor("N", F32, optional=True)),
     rules=[_INT8_K],
     fake=lambda x, x_scale, w, w_scale, out_dtype, bias: _fake_gemm(x.shape[0], w.shape[0], x, out_dtype),
+    out=Out("M, N", dtype="out_dtype"),
     doc="""A W8A8 GEMM: per-token activation scales times per-channel weight scales.
 
     x:         [M, K] int8 activations (int8_quant), K <= 131071
@@ -211,6 +218,7 @@ int8_gemm = define(
     bias:      [N] float32 or None
     returns [M, N] out_dtype: float(sum_k x[m, k] w[n, k]) * x_scale[m] * w_scale[n] (+ bias[n]);
             the integer sum is exact (int32), so backends agree up to float32 rounding of the scaling.
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 int8_grouped_gemm = define(
@@ -222,6 +230,7 @@ int8_grouped_gemm = define(
         "int8_grouped_gemm", tokens_per_expert, x.shape[0], "x"),
     fake=lambda x, x_scale, w, w_scale, tokens_per_expert, out_dtype: _fake_gemm(x.shape[0], w.shape[1], x,
                                                                                   out_dtype),
+    out=Out("M, N", dtype="out_dtype"),
     doc="""int8_gemm per expert over its contiguous rows (moe_permute's layout).
 
     x, x_scale:        [M, K] int8, [M] float32; rows contiguous per expert, in expert order
@@ -230,6 +239,7 @@ int8_grouped_gemm = define(
     tokens_per_expert: [E] int32 >= 0 summing to M
     out_dtype:         bfloat16 (default) | float16 | float32
     returns [M, N] out_dtype: the rows of expert e times w[e] as int8_gemm.
+    out:       optional [M, N] buffer of out_dtype, written and returned (docs/ops.md, "out= buffers").
     """)
 
 __all__ = defined_in(__name__)

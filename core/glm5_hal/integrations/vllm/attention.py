@@ -174,8 +174,10 @@ class Glm5HalSparseMLAImpl(MLAAttentionImpl[Glm5HalDsaMetadata], SharedTopkIndic
         for run in attn_metadata.runs:
             reqs = slice(run.first, run.first + run.count)
             rows = slice(run.start, run.start + run.tokens)
-            o, _ = hal.ops.sparse_mla_decode_paged(
+            # each run writes straight into its rows of the step's output (contiguous: a slice
+            # of whole rows), no per-run result to copy
+            hal.ops.sparse_mla_decode_paged(
                 q[rows].reshape(run.count, run.length, heads, q.shape[-1]), kv_cache,
                 attn_metadata.block_table[reqs], attn_metadata.seq_lens[reqs],
-                topk[rows].reshape(run.count, run.length, topk.shape[-1]), self.scale, self.kv_lora_rank)
-            out[rows] = o.reshape(run.tokens, heads, self.kv_lora_rank)
+                topk[rows].reshape(run.count, run.length, topk.shape[-1]), self.scale, self.kv_lora_rank,
+                out=out[rows].view(run.count, run.length, heads, self.kv_lora_rank))

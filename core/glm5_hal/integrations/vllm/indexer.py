@@ -120,14 +120,20 @@ class Glm5HalSparseAttnIndexer(SparseAttnIndexer):
         q = q_fp8[:tokens].to(torch.float32)
         buffer, topk = self.topk_indices_buffer, self.topk_tokens
         heads = q.shape[1]
+        # vLLM's shared buffer is [max_num_batched_tokens, index_topk] int32 (vllm 0.32,
+        # model_executor/models/deepseek_v2.py): a run's rows are one contiguous block, which
+        # the op writes in place (out=); a wider buffer takes a copy of each run's result
+        in_place = buffer.shape[1] == topk and buffer.is_contiguous()
         for run in metadata.runs:
             reqs = slice(run.first, run.first + run.count)
             rows = slice(run.start, run.start + run.tokens)
             top = hal.ops.indexer_topk_paged(
                 q[rows].reshape(run.count, run.length, heads, self.head_dim), (keys, scales),
                 weights[rows].reshape(run.count, run.length, heads).float(),
-                metadata.block_table[reqs], metadata.seq_lens[reqs], topk)
-            buffer[rows, :topk] = top.reshape(run.tokens, topk)
+                metadata.block_table[reqs], metadata.seq_lens[reqs], topk,
+                out=buffer[rows].view(run.count, run.length, topk) if in_place else None)
+            if not in_place:
+                buffer[rows, :topk] = top.reshape(run.tokens, topk)
 
 
 def _sparse_attn_indexer(q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, layer_name: str,
