@@ -423,7 +423,11 @@ class Op:
         elif hit[1] and torch.is_grad_enabled():
             self._refuse_autograd(out, args)
         key, _, impl, check_values = hit
-        # addresses change from call to call: never remembered
+        # addresses and inference mode change from call to call: never remembered
+        if out.is_inference() and not _inference_mode():
+            raise InvalidInputError(self.name, "out", "a normal tensor, or an inference tensor inside "
+                                    "torch.inference_mode() (torch refuses in-place writes to inference "
+                                    "tensors outside it)", "an inference tensor outside inference mode")
         _refuse_overlap(self, out, args)
         if impl is None:   # the slow path: per-call predicates, fallback accounting
             decision = self.decision(key)
@@ -720,6 +724,7 @@ def signature_mismatch(op: Op, fn: Callable) -> str | None:
 
 # -- helpers ------------------------------------------------------------------------------------
 _increment_version = torch._C._increment_version
+_inference_mode = torch.is_inference_mode_enabled
 
 
 def _refuse_overlap(op: Op, out: torch.Tensor, args: tuple) -> None:
