@@ -11,7 +11,9 @@ parameters, defaults and torch schema come from the reference's annotated signat
    torch.jit.trace; a tensor subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
    kernel is steps 2-3 and whose fake checks the inputs too (under torch.func's grad / jvp a
    differentiable op applies its autograd.Function, which functorch can take; under
-   functionalize an in-place op writes copies, see `_functionalized`);
+   functionalize an in-place op writes copies, see `_functionalized`). The custom op called
+   directly is differentiable under the same transforms: its Autograd kernel
+   (`_autograd_kernel`) applies that Function at the functorch level being differentiated;
 2. the metadata checks (raising InvalidInputError), which also yield the decision key
    (device, dtype of the first tensor argument, pinned backend, FP8-pair flags). They are a
    pure function of what glm5_hal._C.call_key reads (each tensor's dtype, device, sizes and the
@@ -477,10 +479,10 @@ class Op:
             torch.library.register_vmap(qualname, _looped_vmap(self, written), lib=_LIBRARY)
             self._functionalized = _functionalized(self, written)
         if self.differentiable:
-            backward, setup_context, *jvp = autograd or _reference_vjp(self)
-            torch.library.register_autograd(qualname, backward, setup_context=setup_context,
-                                            lib=_LIBRARY)
-            self._function = _autograd_function(self, backward, setup_context, *jvp)
+            backward, setup_context, *forward_rule = autograd or _reference_vjp(self)
+            jvp = forward_rule[0] if forward_rule and forward_rule[0] else _reference_jvp(self)
+            self._function = _autograd_function(self, backward, setup_context, jvp)
+            _LIBRARY.impl(self.name, _autograd_kernel(self, self._function, jvp), "Autograd")
 
     # -- dispatch ------------------------------------------------------------------------------
     def slow(self, key: tuple, args: tuple) -> Any:
@@ -670,6 +672,73 @@ def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
     return Function
 
 
+#: set while the custom op's Autograd kernel differentiates at one functorch level, where no
+#: functorch transform may start (`_reference_jvp`)
+_AT_ONE_LEVEL: contextvars.ContextVar[bool] = contextvars.ContextVar("glm5_hal_at_one_level", default=False)
+_GRAD, _JVP = _DIFFERENTIATING
+
+
+def _autograd_kernel(op: Op, function: type[torch.autograd.Function], jvp: Callable) -> Callable:
+    """The torch custom op's Autograd kernel, so that `torch.ops.glm5_hal.<op>` itself works
+    under autograd, forward-mode AD and torch.func's grad / vjp / jvp, as the public function
+    does (torch.library.register_autograd generates a Function without setup_context and
+    jvp, which functorch refuses).
+
+    By the time this kernel runs under a functorch grad or jvp level, functorch has unwrapped
+    that level's tensors, and the op differentiates at that one level, as torch's own
+    derivative formulas do: under grad, the op's Function applied directly (its `apply` would
+    hand it to functorch again); under jvp, the op on the primals and the forward-mode rule on
+    the tangents (at forward-AD level 0, functorch's). Outside functorch: the Function when
+    autograd records the call (grad enabled, an input requiring grad) or forward-mode AD is
+    active, else the op below autograd."""
+    from torch._functorch.utils import enable_single_level_autograd_function
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    any_requires_grad = torch._C._any_requires_grad
+    single_level_apply = super(torch.autograd.Function, function).apply
+
+    def autograd(*flat):
+        transform = _innermost_transform()
+        if transform == _GRAD or transform == _JVP:
+            token = _AT_ONE_LEVEL.set(True)
+            try:
+                if transform == _JVP:
+                    return _jvp_at_one_level(op, jvp, flat)
+                with enable_single_level_autograd_function():
+                    return single_level_apply(*flat)
+            finally:
+                _AT_ONE_LEVEL.reset(token)
+        if (torch.is_grad_enabled() and any_requires_grad(*flat)) or _forward_ad._current_level >= 0:
+            return function.apply(*flat)
+        with below_autograd():
+            return op.torch_op(*flat)
+    return autograd
+
+
+def _jvp_at_one_level(op: Op, jvp: Callable, flat: tuple) -> Any:
+    """The op at a functorch jvp level, from inside its Autograd kernel: the op on the primals,
+    each floating-point output dual with its tangent from `jvp(primals, tangents)`."""
+    primals, tangents = [], []
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            a, tangent = _forward_ad.unpack_dual(a, level=0)
+        else:
+            tangent = None
+        primals.append(a)
+        tangents.append(tangent)
+    with torch._C._AutoDispatchBelowAutograd():
+        out = op.torch_op(*primals)
+    tangent_out = jvp(tuple(primals), tuple(tangents))
+    if not isinstance(out, tuple):
+        return _dual(out, tangent_out)
+    return tuple(_dual(o, t) for o, t in zip(out, tangent_out))
+
+
+def _dual(out: torch.Tensor, tangent: torch.Tensor | None) -> torch.Tensor:
+    if tangent is None or not out.is_floating_point():
+        return out
+    return _forward_ad.make_dual(out, tangent, level=0)
+
+
 def _looped_vmap(op: Op, written: list[int]) -> Callable:
     """The vmap rule of an op that writes arguments: the op on each example in turn (the
     written arguments must be batched, as for torch's own in-place ops)."""
@@ -724,7 +793,9 @@ def _reference_jvp(op: Op) -> Callable:
                 args[i] = p
             return op.reference(*op.from_torch(tuple(args)))
         primals, directions = tuple(flat[i] for i in wanted), tuple(tangents[i] for i in wanted)
-        if _functorch_levels():
+        if _AT_ONE_LEVEL.get():   # inside the custom op's Autograd kernel (_autograd_kernel)
+            out, tangent = _jvp_at_level_zero(reference, primals, directions)
+        elif _functorch_levels():
             out, tangent = torch.func.jvp(reference, primals, directions)
         else:   # eager forward-mode AD, which does not nest: the transpose of the VJP
             out, tangent = _jvp_by_double_vjp(reference, primals, directions)
@@ -733,6 +804,17 @@ def _reference_jvp(op: Op) -> Callable:
         # an integer output (indices) is not differentiable: no tangent
         return tuple(t if o.is_floating_point() else None for o, t in zip(out, tangent))
     return jvp
+
+
+def _jvp_at_level_zero(fn: Callable, primals: tuple, directions: tuple) -> tuple[Any, Any]:
+    """fn(*primals) and its Jacobian-vector product along `directions`, by forward-mode AD at
+    level 0, where the custom op's Autograd kernel runs under functorch's jvp."""
+    out = fn(*[_forward_ad.make_dual(p, d, level=0) for p, d in zip(primals, directions)])
+    outs = out if isinstance(out, tuple) else (out,)
+    unpacked = [_forward_ad.unpack_dual(o, level=0) for o in outs]
+    tangent = tuple(torch.zeros_like(p) if t is None and p.is_floating_point() else t for p, t in unpacked)
+    primal = tuple(p for p, _ in unpacked)
+    return (primal, tangent) if isinstance(out, tuple) else (primal[0], tangent[0])
 
 
 def _jvp_by_double_vjp(fn: Callable, primals: tuple, directions: tuple) -> tuple[Any, Any]:
