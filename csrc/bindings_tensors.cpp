@@ -49,6 +49,7 @@ struct Readers {
   PyObject *int32 = nullptr, *int64 = nullptr;  // torch.int32, torch.int64
   PyTypeObject *tensor = nullptr, *parameter = nullptr, *dtype = nullptr;
   PyGetSetDef *shape = nullptr, *dtype_get = nullptr, *device = nullptr, *requires_grad = nullptr;
+  PyGetSetDef* is_cpu = nullptr;   // answers without building a torch.device (CPU tensors: index -1)
   PyCFunctionWithKeywords is_contiguous = nullptr;
   PyCFunction data_ptr = nullptr;
   PyObject* no_args = nullptr;
@@ -170,6 +171,7 @@ void init_readers() {
   x.dtype_get = c_getset(tensor, "dtype");
   x.device = c_getset(tensor, "device");
   x.requires_grad = c_getset(tensor, "requires_grad");
+  x.is_cpu = c_getset(tensor, "is_cpu");
   PyMethodDef* contiguous = c_method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
   PyMethodDef* data_ptr = c_method(tensor, "data_ptr", METH_NOARGS);
@@ -198,7 +200,7 @@ void init_readers() {
   int8_t cpu_index = 0;
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
-  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && data_ptr && x.no_args && x.int32 &&
+  if (x.shape && x.dtype_get && x.device && x.requires_grad && x.is_cpu && contiguous && data_ptr && x.no_args && x.int32 &&
       x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.jit_tracing && x.forward_ad && x.current_level &&
       cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
@@ -248,6 +250,27 @@ bool transform_active() {
   Ref tracing(PyObject_CallNoArgs(r.jit_tracing));
   if (!tracing.p) PyErr_Clear();
   return tracing.p != Py_None;
+}
+
+// `t`'s device type and index: a CPU tensor's through is_cpu (a CPU tensor's device has no
+// index: torch.empty(2, device="cpu:0").device is cpu), others' through the device object.
+bool tensor_device(PyObject* t, int8_t& type, int8_t& index) {
+  Ref cpu(r.is_cpu->get(t, r.is_cpu->closure));
+  if (cpu.p == Py_True) {
+    type = r.cpu_type;
+    index = -1;
+    return true;
+  }
+  if (cpu.p != Py_False) {
+    PyErr_Clear();
+    return false;
+  }
+  Ref device(r.device->get(t, r.device->closure));
+  if (!device.p) {
+    PyErr_Clear();
+    return false;
+  }
+  return read_device(device.p, type, index);
 }
 
 enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtype's address, or kTensor set)
@@ -318,15 +341,13 @@ bool add_tensor(PyObject* t, KeyLayout layout, bool grad_flag, Words& words) {
   if (type != r.tensor && type != r.parameter) return false;
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
   Ref shape(r.shape->get(t, r.shape->closure));
-  Ref device(r.device->get(t, r.device->closure));
   Ref grad(grad_flag ? r.requires_grad->get(t, r.requires_grad->closure) : nullptr);
-  if (!dtype.p || !shape.p || !device.p || (grad_flag && !grad.p) || !PyTuple_Check(shape.p) ||
-      Py_TYPE(dtype.p) != r.dtype) {
+  if (!dtype.p || !shape.p || (grad_flag && !grad.p) || !PyTuple_Check(shape.p) || Py_TYPE(dtype.p) != r.dtype) {
     PyErr_Clear();
     return false;
   }
   int8_t dev_type, dev_index;
-  if (!read_device(device.p, dev_type, dev_index)) return false;
+  if (!tensor_device(t, dev_type, dev_index)) return false;
   int64_t contiguous = 0, paged = 0;
   if (layout == KeyLayout::Contiguity) {
     Ref flag(r.is_contiguous(t, r.no_args, nullptr));
@@ -443,16 +464,19 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 namespace glm5_bindings {
 
+bool host_reading() { return r.ok && !function_mode_active(); }
+
 bool host_tensor(PyObject* t, HostData& out) {
-  if (!r.ok || (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter)) return false;
-  if (function_mode_active()) return false;
-  Ref device(r.device->get(t, r.device->closure));
+  if (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter) return false;
+  Ref cpu(r.is_cpu->get(t, r.is_cpu->closure));
+  if (cpu.p != Py_True) {
+    PyErr_Clear();
+    return false;
+  }
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
   Ref shape(r.shape->get(t, r.shape->closure));
   Ref contiguous(r.is_contiguous(t, r.no_args, nullptr));
-  int8_t type, index;
-  if (!device.p || !dtype.p || !shape.p || !contiguous.p || !PyTuple_Check(shape.p) ||
-      !read_device(device.p, type, index) || type != r.cpu_type || contiguous.p != Py_True ||
+  if (!dtype.p || !shape.p || !contiguous.p || !PyTuple_Check(shape.p) || contiguous.p != Py_True ||
       PyTuple_GET_SIZE(shape.p) > kHostMaxDims) {
     PyErr_Clear();
     return false;

@@ -26,9 +26,14 @@ PyGetSetDef* c_getset(PyObject* type, const char* name);
 // `type`'s own C method `name` of calling convention `flags`, or null.
 PyMethodDef* c_method(PyObject* type, const char* name, int flags);
 
+// Whether host_tensor may read tensors now: the getters resolved at import, and no torch
+// function mode is active (the getters would answer what the mode says). Asked once per
+// native value check, before its host_tensor calls.
+bool host_reading();
+
 // The elements of `t` if it is an exact torch.Tensor or nn.Parameter on the CPU, contiguous,
 // of at most kHostMaxDims dims; false (and the caller takes its torch path) otherwise. Read
-// through torch's getters.
+// through torch's getters; only after host_reading() said yes.
 bool host_tensor(PyObject* t, HostData& out);
 
 using FastcallBody = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);

@@ -15,6 +15,7 @@
 namespace {
 
 using glm5_bindings::HostData;
+using glm5_bindings::host_reading;
 using glm5_bindings::host_tensor;
 
 glm5::DType int_dtype(const HostData& h) { return h.int_bytes == 4 ? glm5::DType::I32 : glm5::DType::I64; }
@@ -42,7 +43,7 @@ PyObject* first_outside(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HostData t;
   int64_t low, high, allowed = 0;
   const bool has_allowed = args[3] != Py_None;
-  if (!host_tensor(args[0], t) || !t.int_bytes || !int_arg(args[1], low) || !int_arg(args[2], high) ||
+  if (!host_reading() || !host_tensor(args[0], t) || !t.int_bytes || !int_arg(args[1], low) || !int_arg(args[2], high) ||
       (has_allowed && !int_arg(args[3], allowed)))
     Py_RETURN_NONE;
   return PyLong_FromLongLong(glm5::first_outside(t.data, t.numel, int_dtype(t), low, high, has_allowed, allowed));
@@ -52,7 +53,7 @@ PyObject* first_outside(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* smallest_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("smallest_repeat", nargs, 1)) return nullptr;
   HostData t;
-  if (!host_tensor(args[0], t) || !t.int_bytes) Py_RETURN_NONE;
+  if (!host_reading() || !host_tensor(args[0], t) || !t.int_bytes) Py_RETURN_NONE;
   return PyLong_FromLongLong(glm5::smallest_repeat(t.data, t.numel, int_dtype(t)));
 }
 
@@ -60,7 +61,7 @@ PyObject* smallest_repeat(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* sum_of(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("sum_of", nargs, 1)) return nullptr;
   HostData t;
-  if (!host_tensor(args[0], t) || !t.int_bytes) Py_RETURN_NONE;
+  if (!host_reading() || !host_tensor(args[0], t) || !t.int_bytes) Py_RETURN_NONE;
   return PyLong_FromLongLong(glm5::sum_of(t.data, t.numel, int_dtype(t)));
 }
 
@@ -70,7 +71,7 @@ PyObject* first_bad_block(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("first_bad_block", nargs, 4)) return nullptr;
   HostData table, lens;
   int64_t block_size, num_blocks;
-  if (!host_tensor(args[0], table) || !host_tensor(args[1], lens) || table.int_bytes != 4 || lens.int_bytes != 4 ||
+  if (!host_reading() || !host_tensor(args[0], table) || !host_tensor(args[1], lens) || table.int_bytes != 4 || lens.int_bytes != 4 ||
       table.ndim != 2 || lens.ndim != 1 || lens.sizes[0] != table.sizes[0] || !int_arg(args[2], block_size) ||
       !int_arg(args[3], num_blocks) || block_size < 1)
     Py_RETURN_NONE;
@@ -81,12 +82,36 @@ PyObject* first_bad_block(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(LL)", static_cast<long long>(b), static_cast<long long>(j));
 }
 
+// first_bad_paging(block_table [B, max_blocks] int32, context_lens [B] int32, block_size,
+// num_blocks) -> (kind, b, j): (1, b, -1) for the first context_lens[b] outside
+// [0, max_blocks * block_size], else (2, b, j) for the first block in use whose id is outside
+// [0, num_blocks), else (0, -1, -1). Each tensor read once: the paged ops' whole value check.
+PyObject* first_bad_paging(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("first_bad_paging", nargs, 4)) return nullptr;
+  HostData table, lens;
+  int64_t block_size, num_blocks;
+  if (!host_reading() || !host_tensor(args[0], table) || !host_tensor(args[1], lens) || table.int_bytes != 4 ||
+      lens.int_bytes != 4 || table.ndim != 2 || lens.ndim != 1 || lens.sizes[0] != table.sizes[0] ||
+      !int_arg(args[2], block_size) || !int_arg(args[3], num_blocks) || block_size < 1 ||
+      table.sizes[1] > INT64_MAX / block_size)
+    Py_RETURN_NONE;
+  const int64_t batch = table.sizes[0], max_blocks = table.sizes[1];
+  const auto* context_lens = static_cast<const int32_t*>(lens.data);
+  const int64_t b = glm5::first_outside(lens.data, lens.numel, glm5::DType::I32, 0, max_blocks * block_size + 1,
+                                        false, 0);
+  if (b >= 0) return Py_BuildValue("(iLL)", 1, static_cast<long long>(b), -1LL);
+  if (table.numel == 0) return Py_BuildValue("(iLL)", 0, -1LL, -1LL);
+  const auto [bad_b, j] = glm5::first_bad_block(static_cast<const int32_t*>(table.data), batch, max_blocks,
+                                                max_blocks, context_lens, block_size, num_blocks);
+  return Py_BuildValue("(iLL)", bad_b < 0 ? 0 : 2, static_cast<long long>(bad_b), static_cast<long long>(j));
+}
+
 // first_bad_range(start [n] int32, end [n] int32, num_keys) -> (kind, t) (value_checks.h)
 PyObject* first_bad_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("first_bad_range", nargs, 3)) return nullptr;
   HostData start, end;
   int64_t num_keys;
-  if (!host_tensor(args[0], start) || !host_tensor(args[1], end) || start.int_bytes != 4 || end.int_bytes != 4 ||
+  if (!host_reading() || !host_tensor(args[0], start) || !host_tensor(args[1], end) || start.int_bytes != 4 || end.int_bytes != 4 ||
       start.numel != end.numel || !int_arg(args[2], num_keys))
     Py_RETURN_NONE;
   if (start.numel == 0) return Py_BuildValue("(iL)", 0, -1LL);
@@ -107,6 +132,10 @@ PyMethodDef methods[] = {
     {"first_bad_block", fastcall<first_bad_block>(), METH_FASTCALL,
      "first_bad_block(block_table, context_lens, block_size, num_blocks): (b, j) of the first block in use "
      "whose id is outside [0, num_blocks), (-1, -1) if none; None unless both are contiguous int32 CPU tensors"},
+    {"first_bad_paging", fastcall<first_bad_paging>(), METH_FASTCALL,
+     "first_bad_paging(block_table, context_lens, block_size, num_blocks): (1, b, -1) for the first context_lens[b] "
+     "outside [0, max_blocks * block_size], else (2, b, j) for the first block in use whose id is outside "
+     "[0, num_blocks), else (0, -1, -1); None unless both are contiguous int32 CPU tensors"},
     {"first_bad_range", fastcall<first_bad_range>(), METH_FASTCALL,
      "first_bad_range(start, end, num_keys): (1, t) for the first end outside [0, num_keys], else (2, t) for the "
      "first start < 0 or > end, else (0, -1); None unless both are contiguous int32 CPU tensors"},

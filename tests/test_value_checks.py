@@ -61,6 +61,24 @@ def test_first_bad_block(lens, ids):
 
 
 @settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.integers(-2, 14), min_size=1, max_size=5), ids=st.lists(st.integers(-2, 6), min_size=15, max_size=15))
+def test_first_bad_paging(lens, ids):
+    """The paged ops' whole value check: context_lens in [0, max_blocks * block_size] first,
+    then the blocks in use (first_bad_block)."""
+    batch, max_blocks, block_size, num_blocks = len(lens), 3, 4, 5
+    table = torch.tensor(ids[: batch * max_blocks], dtype=torch.int32).view(batch, max_blocks)
+    context = torch.tensor(lens, dtype=torch.int32)
+    expected = next(((1, b, -1) for b, n in enumerate(lens) if not 0 <= n <= max_blocks * block_size), None)
+    for b, n in enumerate(lens):
+        for j in range(-(-n // block_size)):
+            if expected is None and not 0 <= int(table[b, j]) < num_blocks:
+                expected = (2, b, j)
+    expected = expected or (0, -1, -1)
+    with pytest.MonkeyPatch.context() as m:
+        assert both(m, C.first_bad_paging, table, context, block_size, num_blocks) == (expected, expected)
+
+
+@settings(max_examples=60, deadline=None)
 @given(pairs=st.lists(st.tuples(st.integers(-2, 9), st.integers(-2, 9)), max_size=8))
 def test_first_bad_range(pairs):
     start = torch.tensor([p[0] for p in pairs], dtype=torch.int32)
@@ -102,5 +120,10 @@ def test_the_native_scans_take_only_tensors_they_read_exactly():
     assert _C.first_bad_block(table.long(), lens, 1, 4) is None  # the scan reads int32 tables
     assert _C.first_bad_block(table, lens[:1], 1, 4) is None     # lens must match the table
     assert _C.first_bad_range(lens, lens[:1], 4) is None
+    assert _C.first_bad_paging(table, lens, 1, 4) == (2, 1, 1)
+    assert _C.first_bad_paging(table, torch.tensor([2, 3], dtype=torch.int32), 1, 4) == (1, 1, -1)
+    assert _C.first_bad_paging(table.long(), lens, 1, 4) is None and _C.first_bad_paging(table, lens[:1], 1, 4) is None
+    assert _C.first_bad_paging(table[:, ::2], lens, 1, 4) is None    # not contiguous: the torch path
+    assert _C.first_bad_paging(table, lens, 2**62, 4) is None        # max_blocks * block_size beyond int64
     with pytest.raises(TypeError, match="takes 4 arguments"):
         _C.first_outside(t, 0, 5)

@@ -188,6 +188,22 @@ def first_bad_block(block_table: torch.Tensor, context_lens: torch.Tensor, block
     return (int(hit[0, 0]), int(hit[0, 1])) if hit.numel() else None
 
 
+def first_bad_paging(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                     num_blocks: int) -> tuple[int, int, int]:
+    """The paged ops' value check in one pass over each tensor: (1, b, -1) for the first
+    context_lens[b] outside [0, max_blocks * block_size], else (2, b, j) for the first block in
+    use (`first_bad_block`) whose id is outside [0, num_blocks), else (0, -1, -1)."""
+    if _native is not None:
+        hit = _native.first_bad_paging(block_table, context_lens, block_size, num_blocks)
+        if hit is not None:
+            return hit
+    b = first_outside(context_lens, 0, block_table.shape[1] * block_size + 1)
+    if b >= 0:
+        return 1, b, -1
+    bad = first_bad_block(block_table, context_lens, block_size, num_blocks)
+    return (0, -1, -1) if bad is None else (2, *bad)
+
+
 def first_bad_range(start: torch.Tensor, end: torch.Tensor, num_keys: int) -> tuple[int, int]:
     """Key ranges 0 <= start[t] <= end[t] <= num_keys: (1, t) for the first end outside
     [0, num_keys], else (2, t) for the first start < 0 or > end[t], else (0, -1)."""

@@ -403,7 +403,7 @@ class Op:
                 return None
             fn = impl.fn
             if decision.check_values is not None and not impl.validates_values:
-                fn = _values_checked(decision.check_values, fn)
+                fn = _values_checked(decision.check_values, fn, self.params)
             return fn
         return None
 
@@ -504,7 +504,7 @@ class Op:
             if first.supports is None and first.supports_metadata is None and not falls_back:
                 fn = first.fn
                 if decision.check_values is not None and not first.validates_values:
-                    fn = _values_checked(decision.check_values, fn)
+                    fn = _values_checked(decision.check_values, fn, self.params)
                 self._direct[key] = fn
             self._decisions[key] = decision
         return decision
@@ -596,11 +596,13 @@ def _with_default(p: inspect.Parameter) -> str:
     return p.name if p.default is inspect.Parameter.empty else f"{p.name}=_default_{p.name}"
 
 
-def _values_checked(check_values: Callable[..., None], fn: Callable) -> Callable:
-    def checked(*args: Any) -> Any:
-        check_values(*args)
-        return fn(*args)
-    return checked
+def _values_checked(check_values: Callable[..., None], fn: Callable, params: Sequence[str]) -> Callable:
+    """`fn` with the op's value checks in front, taking the op's parameters by name (no
+    *args tuple on a path every call takes)."""
+    names = ", ".join(params)
+    ns: dict[str, Any] = {"check_values": check_values, "fn": fn}
+    exec(f"def checked({names}):\n    check_values({names})\n    return fn({names})\n", ns)
+    return ns["checked"]
 
 
 def _infer_schema(name: str, reference: Callable, signature: inspect.Signature,

@@ -86,10 +86,11 @@ def _check_kv_cache_gather_values(cache, block_table, context_lens):
     op = "kv_cache_gather"
     shape = cache.shape
     num_blocks, block_size = shape[0], shape[1]
-    C.index_range(op, "context_lens", context_lens, 0, block_table.shape[1] * block_size + 1)
-    bad = C.first_bad_block(block_table, context_lens, block_size, num_blocks)
-    if bad is not None:
-        b, j = bad
+    kind, b, j = C.first_bad_paging(block_table, context_lens, block_size, num_blocks)
+    if kind == 1:
+        C.fail(op, "context_lens", f"values in [0, {block_table.shape[1] * block_size + 1})",
+               f"{int(context_lens[b])} at flat index {b}")
+    if kind == 2:
         C.fail(op, "block_table", f"block ids in [0, {num_blocks}) for the "
                f"ceil(context_lens / {block_size}) blocks in use",
                f"{int(block_table[b, j])} at [{b}, {j}] (context_lens[{b}] = {int(context_lens[b])})")
