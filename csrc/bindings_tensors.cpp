@@ -52,6 +52,8 @@ struct Readers {
   PyGetSetDef* is_cpu = nullptr;   // answers without building a torch.device (CPU tensors: index -1)
   PyCFunctionWithKeywords is_contiguous = nullptr;
   PyCFunction data_ptr = nullptr;
+  PyCFunctionWithKeywords stride = nullptr;   // Tensor.stride(): the strides tuple
+  PyCFunction element_size = nullptr;
   PyObject* no_args = nullptr;
   PyTypeObject* device_type = nullptr;  // torch.device
   // torch._C._is_torch_function_mode_enabled, _len_torch_dispatch_stack and
@@ -175,6 +177,8 @@ void init_readers() {
   PyMethodDef* contiguous = c_method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
   PyMethodDef* data_ptr = c_method(tensor, "data_ptr", METH_NOARGS);
+  PyMethodDef* stride = c_method(tensor, "stride", METH_VARARGS | METH_KEYWORDS);
+  PyMethodDef* element_size = c_method(tensor, "element_size", METH_NOARGS);
   x.int32 = attribute(torch, "int32");   // kept for the module's lifetime
   PyErr_Clear();
   x.int64 = attribute(torch, "int64");
@@ -200,11 +204,14 @@ void init_readers() {
   int8_t cpu_index = 0;
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
-  if (x.shape && x.dtype_get && x.device && x.requires_grad && x.is_cpu && contiguous && data_ptr && x.no_args && x.int32 &&
+  if (x.shape && x.dtype_get && x.device && x.requires_grad && x.is_cpu && contiguous && data_ptr && stride &&
+      element_size && x.no_args && x.int32 &&
       x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.jit_tracing && x.forward_ad && x.current_level &&
       cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
     x.data_ptr = data_ptr->ml_meth;
+    x.stride = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(stride->ml_meth));
+    x.element_size = element_size->ml_meth;
     x.ok = true;
   }
   Py_DECREF(torch);
@@ -306,7 +313,7 @@ class Words {
 // glm5_hal.checks.is_paged over (sizes, strides): each block (the dims after the first)
 // row-major contiguous, blocks not overlapping. -1 when the strides cannot be read exactly.
 int64_t paged_flag(PyObject* t, PyObject* shape) {
-  Ref strides(PyObject_CallMethod(t, "stride", nullptr));
+  Ref strides(r.stride(t, r.no_args, nullptr));   // the class's method, as is_contiguous
   const Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
   if (!strides.p || !PyTuple_Check(strides.p) || PyTuple_GET_SIZE(strides.p) != ndim) {
     PyErr_Clear();
@@ -501,6 +508,41 @@ bool host_tensor(PyObject* t, HostData& out) {
       PyErr_Clear();
       return false;
     }
+  }
+  return true;
+}
+
+bool tensor_layout(PyObject* t, Layout& out) {
+  if (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter) return false;
+  Ref shape(r.shape->get(t, r.shape->closure));
+  Ref strides(r.stride(t, r.no_args, nullptr));
+  Ref itemsize(r.element_size(t, nullptr));
+  if (!shape.p || !strides.p || !itemsize.p || !PyTuple_Check(shape.p) || !PyTuple_Check(strides.p) ||
+      PyTuple_GET_SIZE(shape.p) != PyTuple_GET_SIZE(strides.p) || PyTuple_GET_SIZE(shape.p) > kHostMaxDims ||
+      !PyLong_CheckExact(itemsize.p)) {
+    PyErr_Clear();
+    return false;
+  }
+  out.ndim = PyTuple_GET_SIZE(shape.p);
+  out.numel = 1;
+  for (int64_t d = 0; d < out.ndim; ++d) {
+    PyObject* size = PyTuple_GET_ITEM(shape.p, d);
+    PyObject* stride = PyTuple_GET_ITEM(strides.p, d);
+    if (!PyLong_CheckExact(size) || !PyLong_CheckExact(stride)) return false;   // SymInts
+    out.sizes[d] = PyLong_AsLongLong(size);
+    out.strides[d] = PyLong_AsLongLong(stride);
+    if (out.sizes[d] < 0 || PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    out.numel *= out.sizes[d];
+  }
+  out.itemsize = PyLong_AsLongLong(itemsize.p);
+  Ref pointer(r.data_ptr(t, nullptr));
+  out.address = pointer.p ? reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(pointer.p)) : 0;
+  if (!pointer.p || PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
   }
   return true;
 }

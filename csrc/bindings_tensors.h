@@ -36,6 +36,20 @@ bool host_reading();
 // through torch's getters; only after host_reading() said yes.
 bool host_tensor(PyObject* t, HostData& out);
 
+// A tensor's layout (any device: nothing of its data is read), for checks on addresses.
+struct Layout {
+  uintptr_t address;   // data_ptr()
+  int64_t itemsize;
+  int64_t numel;
+  int64_t ndim;
+  int64_t sizes[kHostMaxDims];
+  int64_t strides[kHostMaxDims];
+};
+
+// The layout of `t` if it is an exact torch.Tensor or nn.Parameter of at most kHostMaxDims
+// dims with concrete sizes; false otherwise. Only after host_reading() said yes.
+bool tensor_layout(PyObject* t, Layout& out);
+
 using FastcallBody = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
 
 // A METH_FASTCALL function running `F` with C++ exceptions turned into Python ones (MemoryError

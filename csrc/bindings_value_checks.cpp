@@ -106,6 +106,50 @@ PyObject* first_bad_paging(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(iLL)", bad_b < 0 ? 0 : 2, static_cast<long long>(bad_b), static_cast<long long>(j));
 }
 
+// pages_apart(a, b) -> bool: two paged caches one call writes share no byte: their address
+// ranges are apart, or they interleave page by page (one page stride, disjoint spans within a
+// page). glm5_hal.checks.paged_apart restated; None if either layout is not read here.
+PyObject* pages_apart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("pages_apart", nargs, 2)) return nullptr;
+  glm5_bindings::Layout a, b;
+  if (!host_reading() || !glm5_bindings::tensor_layout(args[0], a) || !glm5_bindings::tensor_layout(args[1], b) ||
+      a.ndim < 1 || b.ndim < 1)
+    Py_RETURN_NONE;
+  if (a.numel == 0 || b.numel == 0) Py_RETURN_TRUE;
+  // [low, high) of each, in bytes (__int128: no overflow on any size a tensor can have)
+  auto span = [](const glm5_bindings::Layout& t, __int128& low, __int128& high, __int128& block) {
+    block = t.itemsize;
+    for (int64_t d = 1; d < t.ndim; ++d) block *= t.sizes[d];
+    low = static_cast<__int128>(t.address);
+    high = low + static_cast<__int128>(t.sizes[0] - 1) * t.strides[0] * t.itemsize + block;
+  };
+  __int128 a_lo, a_hi, a_block, b_lo, b_hi, b_block;
+  span(a, a_lo, a_hi, a_block);
+  span(b, b_lo, b_hi, b_block);
+  if (a_hi <= b_lo || b_hi <= a_lo) Py_RETURN_TRUE;
+  const __int128 page = static_cast<__int128>(a.strides[0]) * a.itemsize;
+  if (a.sizes[0] == b.sizes[0] && page > 0 && page == static_cast<__int128>(b.strides[0]) * b.itemsize) {
+    __int128 offset = (b_lo - a_lo) % page;
+    if (offset < 0) offset += page;   // Python's modulo
+    if (offset >= a_block && offset + b_block <= page) Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
+}
+
+// first_bad_slot(slot_mapping, num_slots) -> (kind, i): (1, flat index) for the first slot
+// outside [0, num_slots) other than -1, else (2, slot) for the smallest slot given twice, else
+// (0, -1): kv_cache_write's whole value check in one read. None as first_outside.
+PyObject* first_bad_slot(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("first_bad_slot", nargs, 2)) return nullptr;
+  HostData t;
+  int64_t num_slots;
+  if (!host_reading() || !host_tensor(args[0], t) || !t.int_bytes || !int_arg(args[1], num_slots)) Py_RETURN_NONE;
+  const int64_t i = glm5::first_outside(t.data, t.numel, int_dtype(t), 0, num_slots, true, -1);
+  if (i >= 0) return Py_BuildValue("(iL)", 1, static_cast<long long>(i));
+  const int64_t repeated = glm5::smallest_repeat(t.data, t.numel, int_dtype(t));
+  return Py_BuildValue("(iL)", repeated >= 0 ? 2 : 0, static_cast<long long>(repeated));
+}
+
 // first_bad_range(start [n] int32, end [n] int32, num_keys) -> (kind, t) (value_checks.h)
 PyObject* first_bad_range(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("first_bad_range", nargs, 3)) return nullptr;
@@ -136,6 +180,12 @@ PyMethodDef methods[] = {
      "first_bad_paging(block_table, context_lens, block_size, num_blocks): (1, b, -1) for the first context_lens[b] "
      "outside [0, max_blocks * block_size], else (2, b, j) for the first block in use whose id is outside "
      "[0, num_blocks), else (0, -1, -1); None unless both are contiguous int32 CPU tensors"},
+    {"pages_apart", fastcall<pages_apart>(), METH_FASTCALL,
+     "pages_apart(a, b): whether two paged caches share no byte (apart, or interleaved page by page); None if "
+     "either is not an exact tensor of concrete sizes"},
+    {"first_bad_slot", fastcall<first_bad_slot>(), METH_FASTCALL,
+     "first_bad_slot(slot_mapping, num_slots): (1, i) for the first slot outside [0, num_slots) other than -1, "
+     "else (2, s) for the smallest slot given twice, else (0, -1); None as first_outside"},
     {"first_bad_range", fastcall<first_bad_range>(), METH_FASTCALL,
      "first_bad_range(start, end, num_keys): (1, t) for the first end outside [0, num_keys], else (2, t) for the "
      "first start < 0 or > end, else (0, -1); None unless both are contiguous int32 CPU tensors"},

@@ -83,6 +83,18 @@ def is_paged(t: torch.Tensor) -> bool:
 def paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
     """Two paged caches one call writes share no byte: their address ranges are apart, or they
     interleave page by page (one page stride, disjoint spans within a page)."""
+    apart = _native.pages_apart(a, b) if _native is not None else None
+    if apart is True:
+        return
+    if apart is None:
+        _paged_apart(op, arg, a, b)
+        return
+    fail(op, arg, "memory apart from the other cache argument's (or interleaved with it page by page)",
+         "an overlapping view")
+
+
+def _paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    """`paged_apart` through torch's attributes (a layout glm5_hal._C does not read)."""
     if a.numel() == 0 or b.numel() == 0:
         return
     def span(t):
@@ -186,6 +198,21 @@ def first_bad_block(block_table: torch.Tensor, context_lens: torch.Tensor, block
     in_use = torch.arange(max_blocks, device=block_table.device) < used.unsqueeze(-1)
     hit = (in_use & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
     return (int(hit[0, 0]), int(hit[0, 1])) if hit.numel() else None
+
+
+def first_bad_slot(slot_mapping: torch.Tensor, num_slots: int) -> tuple[int, int]:
+    """The cache writes' value check on slot_mapping in one pass: (1, i) for the first flat
+    index i whose slot is outside [0, num_slots) and not -1, else (2, s) for the smallest slot s
+    given more than once, else (0, -1)."""
+    if _native is not None:
+        hit = _native.first_bad_slot(slot_mapping, num_slots)
+        if hit is not None:
+            return hit
+    i = first_outside(slot_mapping, 0, num_slots, -1)
+    if i >= 0:
+        return 1, i
+    repeated = smallest_repeat(slot_mapping)
+    return (2, repeated) if repeated >= 0 else (0, -1)
 
 
 def first_bad_paging(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int,

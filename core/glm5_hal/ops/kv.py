@@ -26,12 +26,14 @@ def _slot_count(cache: torch.Tensor) -> int:
 
 
 def _check_slot_values(op: str, slot_mapping: torch.Tensor, num_slots: int) -> None:
-    C.index_range(op, "slot_mapping", slot_mapping, 0, num_slots, allow=(-1,))
+    kind, at = C.first_bad_slot(slot_mapping, num_slots)
+    if kind == 1:
+        C.fail(op, "slot_mapping", f"values in [0, {num_slots}) (or -1)",
+               f"{int(slot_mapping.flatten()[at])} at flat index {at}")
     # Two tokens writing one slot would make the result depend on write order, which
     # backends cannot agree on: rejected rather than left unspecified.
-    repeated = C.smallest_repeat(slot_mapping)
-    if repeated >= 0:
-        C.fail(op, "slot_mapping", "distinct slots (-1 may repeat)", f"slot {repeated} more than once")
+    if kind == 2:
+        C.fail(op, "slot_mapping", "distinct slots (-1 may repeat)", f"slot {at} more than once")
 
 
 kv_cache_write = define(
