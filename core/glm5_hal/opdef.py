@@ -3,7 +3,7 @@ and the code every call runs.
 
 `define(reference, args=..., fake=...)` is the whole definition of an op. The name,
 parameters, defaults and torch schema come from the reference's annotated signature
-(`torch.library.infer_schema`; an FP8 key pair becomes two schema arguments); the contract
+(`torch.library.infer_schema`; an `Fp8Pair` argument becomes two schema arguments); the contract
 (glm5_hal.contract) is compiled into the public function, so a call runs, inline:
 
 1. under a PyTorch transform (dynamo, a torch dispatch or function mode such as make_fx's or
@@ -160,9 +160,9 @@ class Decision:
 class Dispatcher(Protocol):
     """What ops need from the registry (installed with `set_dispatcher`)."""
 
-    def decide(self, op: "Op", key: tuple) -> Decision: ...
+    def decide(self, op: "Op", decision_key: tuple) -> Decision: ...
 
-    def fallback(self, op: "Op", key: tuple, decision: Decision,
+    def fallback(self, op: "Op", decision_key: tuple, decision: Decision,
                  rejections: list[tuple[Backend, str]]) -> None: ...
 
 
@@ -185,7 +185,7 @@ class Explanation:
     """What dispatch would do for one call (`glm5_hal.explain`)."""
     op: str
     args: str
-    key: tuple
+    key: tuple                          # the decision key
     chosen: str | None
     rejected: tuple[tuple[str, str], ...]
     fallback: bool
@@ -366,32 +366,32 @@ class Op:
         public.op = self
         return ns["check"], public, ns["kernel"]
 
-    def _remember(self, call_key: tuple | None, key: tuple, needs_grad: bool, args: tuple) -> tuple:
+    def _remember(self, call_key: tuple | None, decision_key: tuple, needs_grad: bool, args: tuple) -> tuple:
         """The hit for a call that passed the check: (decision key, whether it needs
         autograd, the implementation serving every call with this call key or None), kept for
         calls with the same call key. Bounded: shapes that change every call (a growing
         context) start it over rather than grow it."""
         if call_key is None or _torch_function_mode():
-            # no key; or, under a torch function mode, the check read what the mode answered
-            # for the tensors, which the key (read from the tensors themselves) need not match
-            return key, needs_grad, None
-        hit = (key, needs_grad, self._implementation_for(key, args))
+            # no call key; or, under a torch function mode, the check read what the mode answered
+            # for the tensors, which the call key (read from the tensors themselves) need not match
+            return decision_key, needs_grad, None
+        hit = (decision_key, needs_grad, self._implementation_for(decision_key, args))
         if len(self._passed) >= _PASSED_LIMIT:
             self._passed.clear()
         self._passed[call_key] = hit
         return hit
 
-    def _implementation_for(self, key: tuple, args: tuple) -> Callable | None:
+    def _implementation_for(self, decision_key: tuple, args: tuple) -> Callable | None:
         """The function every call with these arguments' call key gets, if that needs nothing
         per call: the first candidate whose metadata-only predicate (`supports_metadata`,
         a function of what the call key holds) accepts, with the op's value checks in front
         where they run. None where a call needs more: a per-call `supports` predicate on the
         way, or a rejection (fallback accounting and warnings count calls)."""
         try:
-            decision = self.decision(key)
+            decision = self.decision(decision_key)
         except HalError:
             return None   # the slow path raises it, in its place
-        direct = self._direct.get(key)
+        direct = self._direct.get(decision_key)
         if direct is not None:
             return direct
         if decision.static_rejections:
@@ -415,7 +415,7 @@ class Op:
         return f"{p}.requires_grad"
 
     def torch_params(self) -> list[str]:
-        """The torch schema's parameter names (an FP8 key pair is two)."""
+        """The torch schema's parameter names (an `Fp8Pair` argument is two)."""
         out = []
         for p in self.params:
             out.append(p)
@@ -485,19 +485,19 @@ class Op:
             _LIBRARY.impl(self.name, _autograd_kernel(self, self._function, jvp), "Autograd")
 
     # -- dispatch ------------------------------------------------------------------------------
-    def slow(self, key: tuple, args: tuple) -> Any:
-        decision = self.decision(key)
+    def slow(self, decision_key: tuple, args: tuple) -> Any:
+        decision = self.decision(decision_key)
         impl, rejections = select(decision, args)
         if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
-            dispatcher().fallback(self, key, decision, rejections)
+            dispatcher().fallback(self, decision_key, decision, rejections)
         if decision.check_values is not None and not impl.validates_values:
             decision.check_values(*args)
         return impl.fn(*args)
 
-    def decision(self, key: tuple) -> Decision:
-        decision = self._decisions.get(key)
+    def decision(self, decision_key: tuple) -> Decision:
+        decision = self._decisions.get(decision_key)
         if decision is None:
-            decision = dispatcher().decide(self, key)
+            decision = dispatcher().decide(self, decision_key)
             first = decision.candidates[0]
             falls_back = (first.backend.name == REFERENCE and decision.vendor_available
                           and bool(decision.static_rejections))
@@ -505,8 +505,8 @@ class Op:
                 fn = first.fn
                 if decision.check_values is not None and not first.validates_values:
                     fn = _values_checked(decision.check_values, fn, self.params)
-                self._direct[key] = fn
-            self._decisions[key] = decision
+                self._direct[decision_key] = fn
+            self._decisions[decision_key] = decision
         return decision
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
@@ -609,7 +609,7 @@ def _infer_schema(name: str, reference: Callable, signature: inspect.Signature,
                   pairs: Sequence[str], mutates: Sequence[str]) -> str:
     """The torch schema of `reference`'s signature, without defaults (torch drops trailing
     arguments equal to their default before calling the kernel, so the kernel would see a
-    short argument list) and with each FP8 key pair split into `<arg>, <arg>_scale`."""
+    short argument list) and with each `Fp8Pair` argument split into `<arg>, <arg>_scale`."""
     hints = typing.get_type_hints(reference)
     params = []
     for p in signature.parameters.values():
