@@ -600,8 +600,8 @@ def _values_checked(check_values: Callable[..., None], fn: Callable, params: Seq
     """`fn` with the op's value checks in front, taking the op's parameters by name (no
     *args tuple on a path every call takes)."""
     names = ", ".join(params)
-    ns: dict[str, Any] = {"check_values": check_values, "fn": fn}
-    exec(f"def checked({names}):\n    check_values({names})\n    return fn({names})\n", ns)
+    ns: dict[str, Any] = {"_check_values": check_values, "_fn": fn}
+    exec(f"def checked({names}):\n    _check_values({names})\n    return _fn({names})\n", ns)
     return ns["checked"]
 
 
