@@ -106,16 +106,11 @@ PyObject* first_bad_paging(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(iLL)", bad_b < 0 ? 0 : 2, static_cast<long long>(bad_b), static_cast<long long>(j));
 }
 
-// pages_apart(a, b) -> bool: two paged caches one call writes share no byte: their address
-// ranges are apart, or they interleave page by page (one page stride, disjoint spans within a
-// page). glm5_hal.checks.paged_apart restated; None if either layout is not read here.
-PyObject* pages_apart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!arity("pages_apart", nargs, 2)) return nullptr;
-  glm5_bindings::Layout a, b;
-  if (!host_reading() || !glm5_bindings::tensor_layout(args[0], a) || !glm5_bindings::tensor_layout(args[1], b) ||
-      a.ndim < 1 || b.ndim < 1)
-    Py_RETURN_NONE;
-  if (a.numel == 0 || b.numel == 0) Py_RETURN_TRUE;
+// Whether two paged caches one call writes share no byte: their address ranges are apart, or
+// they interleave page by page (one page stride, disjoint spans within a page).
+// glm5_hal.checks.pages_apart restated. Both have at least one dim.
+bool layouts_apart(const glm5_bindings::Layout& a, const glm5_bindings::Layout& b) {
+  if (a.numel == 0 || b.numel == 0) return true;
   // [low, high) of each, in bytes (__int128: no overflow on any size a tensor can have)
   auto span = [](const glm5_bindings::Layout& t, __int128& low, __int128& high, __int128& block) {
     block = t.itemsize;
@@ -126,14 +121,50 @@ PyObject* pages_apart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   __int128 a_lo, a_hi, a_block, b_lo, b_hi, b_block;
   span(a, a_lo, a_hi, a_block);
   span(b, b_lo, b_hi, b_block);
-  if (a_hi <= b_lo || b_hi <= a_lo) Py_RETURN_TRUE;
+  if (a_hi <= b_lo || b_hi <= a_lo) return true;
   const __int128 page = static_cast<__int128>(a.strides[0]) * a.itemsize;
   if (a.sizes[0] == b.sizes[0] && page > 0 && page == static_cast<__int128>(b.strides[0]) * b.itemsize) {
     __int128 offset = (b_lo - a_lo) % page;
     if (offset < 0) offset += page;   // Python's modulo
-    if (offset >= a_block && offset + b_block <= page) Py_RETURN_TRUE;
+    if (offset >= a_block && offset + b_block <= page) return true;
   }
-  Py_RETURN_FALSE;
+  return false;
+}
+
+// pages_apart(a, b) -> bool (layouts_apart); None if either layout is not read here.
+PyObject* pages_apart(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("pages_apart", nargs, 2)) return nullptr;
+  glm5_bindings::Layout a, b;
+  if (!host_reading() || !glm5_bindings::tensor_layout(args[0], a) || !glm5_bindings::tensor_layout(args[1], b) ||
+      a.ndim < 1 || b.ndim < 1)
+    Py_RETURN_NONE;
+  return PyBool_FromLong(layouts_apart(a, b));
+}
+
+// (kind, at) of the slot check: (1, flat index) for the first slot outside [0, num_slots) other
+// than -1, else (2, slot) for the smallest slot given twice, else (0, -1).
+PyObject* slot_verdict(const HostData& t, int64_t num_slots) {
+  const int64_t i = glm5::first_outside(t.data, t.numel, int_dtype(t), 0, num_slots, true, -1);
+  if (i >= 0) return Py_BuildValue("(iL)", 1, static_cast<long long>(i));
+  const int64_t repeated = glm5::smallest_repeat(t.data, t.numel, int_dtype(t));
+  return Py_BuildValue("(iL)", repeated >= 0 ? 2 : 0, static_cast<long long>(repeated));
+}
+
+// first_bad_write(slot_mapping, cache, other | None) -> (kind, at): a paged cache write's whole
+// value check in one call: (3, -1) if `other` (a second cache the call writes) shares bytes
+// with `cache`, else slot_verdict with num_slots = cache's first two sizes. None if a tensor is
+// not read here.
+PyObject* first_bad_write(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!arity("first_bad_write", nargs, 3)) return nullptr;
+  glm5_bindings::Layout cache, other;
+  HostData slots;
+  const bool has_other = args[2] != Py_None;
+  if (!host_reading() || !glm5_bindings::tensor_layout(args[1], cache) || cache.ndim < 2 ||
+      (has_other && (!glm5_bindings::tensor_layout(args[2], other) || other.ndim < 1)) ||
+      !host_tensor(args[0], slots) || !slots.int_bytes)
+    Py_RETURN_NONE;
+  if (has_other && !layouts_apart(cache, other)) return Py_BuildValue("(iL)", 3, -1LL);
+  return slot_verdict(slots, cache.sizes[0] * cache.sizes[1]);
 }
 
 // first_bad_slot(slot_mapping, num_slots) -> (kind, i): (1, flat index) for the first slot
@@ -144,10 +175,7 @@ PyObject* first_bad_slot(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HostData t;
   int64_t num_slots;
   if (!host_reading() || !host_tensor(args[0], t) || !t.int_bytes || !int_arg(args[1], num_slots)) Py_RETURN_NONE;
-  const int64_t i = glm5::first_outside(t.data, t.numel, int_dtype(t), 0, num_slots, true, -1);
-  if (i >= 0) return Py_BuildValue("(iL)", 1, static_cast<long long>(i));
-  const int64_t repeated = glm5::smallest_repeat(t.data, t.numel, int_dtype(t));
-  return Py_BuildValue("(iL)", repeated >= 0 ? 2 : 0, static_cast<long long>(repeated));
+  return slot_verdict(t, num_slots);
 }
 
 // first_bad_range(start [n] int32, end [n] int32, num_keys) -> (kind, t) (value_checks.h)
@@ -183,6 +211,10 @@ PyMethodDef methods[] = {
     {"pages_apart", fastcall<pages_apart>(), METH_FASTCALL,
      "pages_apart(a, b): whether two paged caches share no byte (apart, or interleaved page by page); None if "
      "either is not an exact tensor of concrete sizes"},
+    {"first_bad_write", fastcall<first_bad_write>(), METH_FASTCALL,
+     "first_bad_write(slot_mapping, cache, other): (3, -1) if the second written cache `other` (or None) shares "
+     "bytes with `cache`, else first_bad_slot's verdict with num_slots = cache.shape[0] * cache.shape[1]; None if "
+     "a tensor is not read here"},
     {"first_bad_slot", fastcall<first_bad_slot>(), METH_FASTCALL,
      "first_bad_slot(slot_mapping, num_slots): (1, i) for the first slot outside [0, num_slots) other than -1, "
      "else (2, s) for the smallest slot given twice, else (0, -1); None as first_outside"},

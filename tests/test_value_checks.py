@@ -91,6 +91,20 @@ def test_first_bad_slot(values, dtype):
         assert both(m, C.first_bad_slot, t, 10) == (expected, expected)
 
 
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.integers(-3, 12), max_size=20), overlap=st.sampled_from([None, False, True]))
+def test_first_bad_write(values, overlap):
+    """A cache write's whole value check: the second cache apart from the first, then the slots
+    (num_slots from the cache's first two sizes, here 5 * 2)."""
+    buffer = torch.zeros(40)
+    cache = buffer[:20].view(5, 2, 2)
+    other = None if overlap is None else buffer[10:15].view(5, 1) if overlap else buffer[20:25].view(5, 1)
+    slots = torch.tensor(values, dtype=torch.int64)
+    expected = (3, -1) if overlap else C.first_bad_slot(slots, 10)
+    with pytest.MonkeyPatch.context() as m:
+        assert both(m, C.first_bad_write, slots, cache, other) == (expected, expected)
+
+
 def _apart(a, b) -> bool:
     try:
         C.paged_apart("op", "b", a, b)
@@ -168,5 +182,9 @@ def test_the_native_scans_take_only_tensors_they_read_exactly():
     cache = torch.zeros(4, 3)
     assert _C.pages_apart(cache[:2], cache[2:]) is True and _C.pages_apart(cache, cache[1:]) is False
     assert _C.pages_apart(cache.as_subclass(_Sub), cache) is None and _C.pages_apart(cache, [1]) is None
+    assert _C.first_bad_write(torch.tensor([3, 0]), cache.view(2, 2, 3), None) == (0, -1)
+    assert _C.first_bad_write(torch.tensor([0, 4]), cache.view(2, 2, 3), None) == (1, 1)   # 4 slots
+    assert _C.first_bad_write(torch.tensor([0]), cache[:2], cache[1:]) == (3, -1)
+    assert _C.first_bad_write(torch.tensor([0]), cache[:, 0], None) is None   # a cache of one dim
     with pytest.raises(TypeError, match="takes 4 arguments"):
         _C.first_outside(t, 0, 5)

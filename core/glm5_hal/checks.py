@@ -83,20 +83,20 @@ def is_paged(t: torch.Tensor) -> bool:
 def paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
     """Two paged caches one call writes share no byte: their address ranges are apart, or they
     interleave page by page (one page stride, disjoint spans within a page)."""
+    if not pages_apart(a, b):
+        fail(op, arg, OVERLAP_EXPECTED, "an overlapping view")
+
+
+OVERLAP_EXPECTED = "memory apart from the other cache argument's (or interleaved with it page by page)"
+
+
+def pages_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two paged caches share no byte (`paged_apart`'s test)."""
     apart = _native.pages_apart(a, b) if _native is not None else None
-    if apart is True:
-        return
-    if apart is None:
-        _paged_apart(op, arg, a, b)
-        return
-    fail(op, arg, "memory apart from the other cache argument's (or interleaved with it page by page)",
-         "an overlapping view")
-
-
-def _paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
-    """`paged_apart` through torch's attributes (a layout glm5_hal._C does not read)."""
+    if apart is not None:
+        return apart
     if a.numel() == 0 or b.numel() == 0:
-        return
+        return True
     def span(t):
         block = t.element_size() * math.prod(t.shape[1:])
         low = t.data_ptr()
@@ -104,14 +104,13 @@ def _paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
     a_lo, a_hi, a_block = span(a)
     b_lo, b_hi, b_block = span(b)
     if a_hi <= b_lo or b_hi <= a_lo:
-        return
+        return True
     page = a.stride(0) * a.element_size()
     if a.shape[0] == b.shape[0] and page > 0 and page == b.stride(0) * b.element_size():
         offset = (b_lo - a_lo) % page
         if offset >= a_block and offset + b_block <= page:
-            return
-    fail(op, arg, "memory apart from the other cache argument's (or interleaved with it page by page)",
-         "an overlapping view")
+            return True
+    return False
 
 
 def integer(op: str, arg: str, v: object, *, min_value: int | None = None) -> int:
@@ -213,6 +212,21 @@ def first_bad_slot(slot_mapping: torch.Tensor, num_slots: int) -> tuple[int, int
         return 1, i
     repeated = smallest_repeat(slot_mapping)
     return (2, repeated) if repeated >= 0 else (0, -1)
+
+
+def first_bad_write(slot_mapping: torch.Tensor, cache: torch.Tensor,
+                    other: torch.Tensor | None = None) -> tuple[int, int]:
+    """A paged cache write's whole value check in one call: (3, -1) if `other`, a second cache
+    the call writes, shares bytes with `cache` (`pages_apart`), else `first_bad_slot` with the
+    slots of `cache` (its first two sizes)."""
+    if _native is not None:
+        hit = _native.first_bad_write(slot_mapping, cache, other)
+        if hit is not None:
+            return hit
+    if other is not None and not pages_apart(cache, other):
+        return 3, -1
+    shape = cache.shape
+    return first_bad_slot(slot_mapping, shape[0] * shape[1])
 
 
 def first_bad_paging(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int,
