@@ -636,13 +636,14 @@ def _stub(signature: inspect.Signature) -> Callable:
 
 def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
                        jvp: Callable | None = None) -> type[torch.autograd.Function]:
-    """The op's autograd.Function for functorch (torch.func.grad, vjp, jvp, and vmap over
-    them) and forward-mode AD: `Op.via_torch` applies it there, above torch's dispatcher.
-    torch.library.register_autograd's kernel serves plain autograd, torch.compile and export,
-    but its generated Function lacks setup_context and jvp, which functorch needs. Backward and
-    setup_context are the op's (`autograd`), the forward-mode rule is `jvp(inputs, tangents)`
-    when given, else the reference's; the vmap rule is generated from the forward (the batched
-    custom op)."""
+    """The op's autograd.Function: `Op.via_torch` applies it above torch's dispatcher under
+    functorch (torch.func.grad, vjp, jvp, and vmap over them) and forward-mode AD, and the
+    custom op's Autograd kernel (`_autograd_kernel`) for every other differentiated call
+    (plain autograd, torch.compile, export, torch.ops.glm5_hal.<op> under functorch).
+    torch.library.register_autograd's generated Function would lack setup_context and jvp,
+    which functorch needs. Backward and setup_context are the op's (`autograd`), the
+    forward-mode rule is `jvp(inputs, tangents)` when given, else the reference's; the vmap
+    rule is generated from the forward (the batched custom op)."""
     jvp = jvp or _reference_jvp(op)
 
     class Function(torch.autograd.Function):
