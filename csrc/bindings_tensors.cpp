@@ -49,8 +49,11 @@ struct Readers {
   PyObject *int32 = nullptr, *int64 = nullptr;  // torch.int32, torch.int64
   PyTypeObject *tensor = nullptr, *parameter = nullptr, *dtype = nullptr;
   PyGetSetDef *shape = nullptr, *dtype_get = nullptr, *device = nullptr, *requires_grad = nullptr;
+  PyGetSetDef* is_cpu = nullptr;   // answers without building a torch.device (CPU tensors: index -1)
   PyCFunctionWithKeywords is_contiguous = nullptr;
   PyCFunction data_ptr = nullptr;
+  PyCFunctionWithKeywords stride = nullptr;   // Tensor.stride(): the strides tuple
+  PyCFunction element_size = nullptr;
   PyObject* no_args = nullptr;
   PyTypeObject* device_type = nullptr;  // torch.device
   // torch._C._is_torch_function_mode_enabled, _len_torch_dispatch_stack and
@@ -170,9 +173,12 @@ void init_readers() {
   x.dtype_get = c_getset(tensor, "dtype");
   x.device = c_getset(tensor, "device");
   x.requires_grad = c_getset(tensor, "requires_grad");
+  x.is_cpu = c_getset(tensor, "is_cpu");
   PyMethodDef* contiguous = c_method(tensor, "is_contiguous", METH_VARARGS | METH_KEYWORDS);
   x.no_args = PyTuple_New(0);
   PyMethodDef* data_ptr = c_method(tensor, "data_ptr", METH_NOARGS);
+  PyMethodDef* stride = c_method(tensor, "stride", METH_VARARGS | METH_KEYWORDS);
+  PyMethodDef* element_size = c_method(tensor, "element_size", METH_NOARGS);
   x.int32 = attribute(torch, "int32");   // kept for the module's lifetime
   PyErr_Clear();
   x.int64 = attribute(torch, "int64");
@@ -198,11 +204,14 @@ void init_readers() {
   int8_t cpu_index = 0;
   const bool cpu_read = cpu && read_device(cpu, x.cpu_type, cpu_index);
   Py_XDECREF(cpu);
-  if (x.shape && x.dtype_get && x.device && x.requires_grad && contiguous && data_ptr && x.no_args && x.int32 &&
+  if (x.shape && x.dtype_get && x.device && x.requires_grad && x.is_cpu && contiguous && data_ptr && stride &&
+      element_size && x.no_args && x.int32 &&
       x.int64 && x.function_mode && x.dispatch_modes && x.functorch_levels && x.jit_tracing && x.forward_ad && x.current_level &&
       cpu_read && device_layout_ok(torch)) {
     x.is_contiguous = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(contiguous->ml_meth));
     x.data_ptr = data_ptr->ml_meth;
+    x.stride = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(stride->ml_meth));
+    x.element_size = element_size->ml_meth;
     x.ok = true;
   }
   Py_DECREF(torch);
@@ -250,6 +259,27 @@ bool transform_active() {
   return tracing.p != Py_None;
 }
 
+// `t`'s device type and index: a CPU tensor's through is_cpu (a CPU tensor's device has no
+// index: torch.empty(2, device="cpu:0").device is cpu), others' through the device object.
+bool tensor_device(PyObject* t, int8_t& type, int8_t& index) {
+  Ref cpu(r.is_cpu->get(t, r.is_cpu->closure));
+  if (cpu.p == Py_True) {
+    type = r.cpu_type;
+    index = -1;
+    return true;
+  }
+  if (cpu.p != Py_False) {
+    PyErr_Clear();
+    return false;
+  }
+  Ref device(r.device->get(t, r.device->closure));
+  if (!device.p) {
+    PyErr_Clear();
+    return false;
+  }
+  return read_device(device.p, type, index);
+}
+
 enum : int64_t { kNone = 0, kPair = 1 };  // never a tensor's first word (a dtype's address, or kTensor set)
 constexpr int64_t kTensor = int64_t{1} << 56;
 enum : int64_t { kInt = 1, kFloat, kBool, kStr, kNoneScalar, kDType };
@@ -283,7 +313,7 @@ class Words {
 // glm5_hal.checks.is_paged over (sizes, strides): each block (the dims after the first)
 // row-major contiguous, blocks not overlapping. -1 when the strides cannot be read exactly.
 int64_t paged_flag(PyObject* t, PyObject* shape) {
-  Ref strides(PyObject_CallMethod(t, "stride", nullptr));
+  Ref strides(r.stride(t, r.no_args, nullptr));   // the class's method, as is_contiguous
   const Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
   if (!strides.p || !PyTuple_Check(strides.p) || PyTuple_GET_SIZE(strides.p) != ndim) {
     PyErr_Clear();
@@ -318,15 +348,13 @@ bool add_tensor(PyObject* t, KeyLayout layout, bool grad_flag, Words& words) {
   if (type != r.tensor && type != r.parameter) return false;
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
   Ref shape(r.shape->get(t, r.shape->closure));
-  Ref device(r.device->get(t, r.device->closure));
   Ref grad(grad_flag ? r.requires_grad->get(t, r.requires_grad->closure) : nullptr);
-  if (!dtype.p || !shape.p || !device.p || (grad_flag && !grad.p) || !PyTuple_Check(shape.p) ||
-      Py_TYPE(dtype.p) != r.dtype) {
+  if (!dtype.p || !shape.p || (grad_flag && !grad.p) || !PyTuple_Check(shape.p) || Py_TYPE(dtype.p) != r.dtype) {
     PyErr_Clear();
     return false;
   }
   int8_t dev_type, dev_index;
-  if (!read_device(device.p, dev_type, dev_index)) return false;
+  if (!tensor_device(t, dev_type, dev_index)) return false;
   int64_t contiguous = 0, paged = 0;
   if (layout == KeyLayout::Contiguity) {
     Ref flag(r.is_contiguous(t, r.no_args, nullptr));
@@ -443,16 +471,19 @@ PyObject* call_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 namespace glm5_bindings {
 
+bool host_reading() { return r.ok && !function_mode_active(); }
+
 bool host_tensor(PyObject* t, HostData& out) {
-  if (!r.ok || (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter)) return false;
-  if (function_mode_active()) return false;
-  Ref device(r.device->get(t, r.device->closure));
+  if (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter) return false;
+  Ref cpu(r.is_cpu->get(t, r.is_cpu->closure));
+  if (cpu.p != Py_True) {
+    PyErr_Clear();
+    return false;
+  }
   Ref dtype(r.dtype_get->get(t, r.dtype_get->closure));
   Ref shape(r.shape->get(t, r.shape->closure));
   Ref contiguous(r.is_contiguous(t, r.no_args, nullptr));
-  int8_t type, index;
-  if (!device.p || !dtype.p || !shape.p || !contiguous.p || !PyTuple_Check(shape.p) ||
-      !read_device(device.p, type, index) || type != r.cpu_type || contiguous.p != Py_True ||
+  if (!dtype.p || !shape.p || !contiguous.p || !PyTuple_Check(shape.p) || contiguous.p != Py_True ||
       PyTuple_GET_SIZE(shape.p) > kHostMaxDims) {
     PyErr_Clear();
     return false;
@@ -477,6 +508,41 @@ bool host_tensor(PyObject* t, HostData& out) {
       PyErr_Clear();
       return false;
     }
+  }
+  return true;
+}
+
+bool tensor_layout(PyObject* t, Layout& out) {
+  if (Py_TYPE(t) != r.tensor && Py_TYPE(t) != r.parameter) return false;
+  Ref shape(r.shape->get(t, r.shape->closure));
+  Ref strides(r.stride(t, r.no_args, nullptr));
+  Ref itemsize(r.element_size(t, nullptr));
+  if (!shape.p || !strides.p || !itemsize.p || !PyTuple_Check(shape.p) || !PyTuple_Check(strides.p) ||
+      PyTuple_GET_SIZE(shape.p) != PyTuple_GET_SIZE(strides.p) || PyTuple_GET_SIZE(shape.p) > kHostMaxDims ||
+      !PyLong_CheckExact(itemsize.p)) {
+    PyErr_Clear();
+    return false;
+  }
+  out.ndim = PyTuple_GET_SIZE(shape.p);
+  out.numel = 1;
+  for (int64_t d = 0; d < out.ndim; ++d) {
+    PyObject* size = PyTuple_GET_ITEM(shape.p, d);
+    PyObject* stride = PyTuple_GET_ITEM(strides.p, d);
+    if (!PyLong_CheckExact(size) || !PyLong_CheckExact(stride)) return false;   // SymInts
+    out.sizes[d] = PyLong_AsLongLong(size);
+    out.strides[d] = PyLong_AsLongLong(stride);
+    if (out.sizes[d] < 0 || PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    out.numel *= out.sizes[d];
+  }
+  out.itemsize = PyLong_AsLongLong(itemsize.p);
+  Ref pointer(r.data_ptr(t, nullptr));
+  out.address = pointer.p ? reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(pointer.p)) : 0;
+  if (!pointer.p || PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
   }
   return true;
 }

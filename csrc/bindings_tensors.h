@@ -26,10 +26,29 @@ PyGetSetDef* c_getset(PyObject* type, const char* name);
 // `type`'s own C method `name` of calling convention `flags`, or null.
 PyMethodDef* c_method(PyObject* type, const char* name, int flags);
 
+// Whether host_tensor may read tensors now: the getters resolved at import, and no torch
+// function mode is active (the getters would answer what the mode says). Asked once per
+// native value check, before its host_tensor calls.
+bool host_reading();
+
 // The elements of `t` if it is an exact torch.Tensor or nn.Parameter on the CPU, contiguous,
 // of at most kHostMaxDims dims; false (and the caller takes its torch path) otherwise. Read
-// through torch's getters.
+// through torch's getters; only after host_reading() said yes.
 bool host_tensor(PyObject* t, HostData& out);
+
+// A tensor's layout (any device: nothing of its data is read), for checks on addresses.
+struct Layout {
+  uintptr_t address;   // data_ptr()
+  int64_t itemsize;
+  int64_t numel;
+  int64_t ndim;
+  int64_t sizes[kHostMaxDims];
+  int64_t strides[kHostMaxDims];
+};
+
+// The layout of `t` if it is an exact torch.Tensor or nn.Parameter of at most kHostMaxDims
+// dims with concrete sizes; false otherwise. Only after host_reading() said yes.
+bool tensor_layout(PyObject* t, Layout& out);
 
 using FastcallBody = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
 

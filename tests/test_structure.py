@@ -138,3 +138,39 @@ def test_an_implementation_with_other_parameters_quarantines_its_plugin(hal_stat
 ])
 def test_signature_rule(fn, ok):
     assert (opdef.signature_mismatch(opdef.lookup("rms_norm"), fn) is None) == ok
+
+
+_BACKENDS_ORDERS = {
+    "backend module first": """
+import sys
+import glm5_hal.backends.cpu as cpu
+import glm5_hal as hal
+names = {row.name for row in hal.backends()}
+""",
+    "records first": """
+import sys
+import glm5_hal as hal
+names = {row.name for row in hal.backends()}
+import glm5_hal.backends.cpu as cpu
+names &= {row.name for row in hal.backends()}
+""",
+}
+
+
+@pytest.mark.parametrize("order", list(_BACKENDS_ORDERS))
+def test_backends_is_one_object_called_and_imported_from_in_either_order(order):
+    """`hal.backends()` (the records) and `glm5_hal.backends.<name>` (the backend folders) name
+    one module, whichever a fresh interpreter touches first (glm5_hal/backends/__init__.py)."""
+    import subprocess
+    import sys
+    check = _BACKENDS_ORDERS[order] + """
+package = sys.modules["glm5_hal.backends"]
+assert hal.backends is package and type(package).__name__ == "BackendsPackage", hal.backends
+assert cpu is sys.modules["glm5_hal.backends.cpu"] and package.cpu is cpu
+assert {"reference", "cpu"} <= names, names
+from glm5_hal import backends
+assert backends is package and callable(backends)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -83,8 +83,20 @@ def is_paged(t: torch.Tensor) -> bool:
 def paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
     """Two paged caches one call writes share no byte: their address ranges are apart, or they
     interleave page by page (one page stride, disjoint spans within a page)."""
+    if not pages_apart(a, b):
+        fail(op, arg, OVERLAP_EXPECTED, "an overlapping view")
+
+
+OVERLAP_EXPECTED = "memory apart from the other cache argument's (or interleaved with it page by page)"
+
+
+def pages_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two paged caches share no byte (`paged_apart`'s test)."""
+    apart = _native.pages_apart(a, b) if _native is not None else None
+    if apart is not None:
+        return apart
     if a.numel() == 0 or b.numel() == 0:
-        return
+        return True
     def span(t):
         block = t.element_size() * math.prod(t.shape[1:])
         low = t.data_ptr()
@@ -92,14 +104,13 @@ def paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
     a_lo, a_hi, a_block = span(a)
     b_lo, b_hi, b_block = span(b)
     if a_hi <= b_lo or b_hi <= a_lo:
-        return
+        return True
     page = a.stride(0) * a.element_size()
     if a.shape[0] == b.shape[0] and page > 0 and page == b.stride(0) * b.element_size():
         offset = (b_lo - a_lo) % page
         if offset >= a_block and offset + b_block <= page:
-            return
-    fail(op, arg, "memory apart from the other cache argument's (or interleaved with it page by page)",
-         "an overlapping view")
+            return True
+    return False
 
 
 def integer(op: str, arg: str, v: object, *, min_value: int | None = None) -> int:
@@ -186,6 +197,52 @@ def first_bad_block(block_table: torch.Tensor, context_lens: torch.Tensor, block
     in_use = torch.arange(max_blocks, device=block_table.device) < used.unsqueeze(-1)
     hit = (in_use & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
     return (int(hit[0, 0]), int(hit[0, 1])) if hit.numel() else None
+
+
+def first_bad_slot(slot_mapping: torch.Tensor, num_slots: int) -> tuple[int, int]:
+    """The cache writes' value check on slot_mapping in one pass: (1, i) for the first flat
+    index i whose slot is outside [0, num_slots) and not -1, else (2, s) for the smallest slot s
+    given more than once, else (0, -1)."""
+    if _native is not None:
+        hit = _native.first_bad_slot(slot_mapping, num_slots)
+        if hit is not None:
+            return hit
+    i = first_outside(slot_mapping, 0, num_slots, -1)
+    if i >= 0:
+        return 1, i
+    repeated = smallest_repeat(slot_mapping)
+    return (2, repeated) if repeated >= 0 else (0, -1)
+
+
+def first_bad_write(slot_mapping: torch.Tensor, cache: torch.Tensor,
+                    other: torch.Tensor | None = None) -> tuple[int, int]:
+    """A paged cache write's whole value check in one call: (3, -1) if `other`, a second cache
+    the call writes, shares bytes with `cache` (`pages_apart`), else `first_bad_slot` with the
+    slots of `cache` (its first two sizes)."""
+    if _native is not None:
+        hit = _native.first_bad_write(slot_mapping, cache, other)
+        if hit is not None:
+            return hit
+    if other is not None and not pages_apart(cache, other):
+        return 3, -1
+    shape = cache.shape
+    return first_bad_slot(slot_mapping, shape[0] * shape[1])
+
+
+def first_bad_paging(block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                     num_blocks: int) -> tuple[int, int, int]:
+    """The paged ops' value check in one pass over each tensor: (1, b, -1) for the first
+    context_lens[b] outside [0, max_blocks * block_size], else (2, b, j) for the first block in
+    use (`first_bad_block`) whose id is outside [0, num_blocks), else (0, -1, -1)."""
+    if _native is not None:
+        hit = _native.first_bad_paging(block_table, context_lens, block_size, num_blocks)
+        if hit is not None:
+            return hit
+    b = first_outside(context_lens, 0, block_table.shape[1] * block_size + 1)
+    if b >= 0:
+        return 1, b, -1
+    bad = first_bad_block(block_table, context_lens, block_size, num_blocks)
+    return (0, -1, -1) if bad is None else (2, *bad)
 
 
 def first_bad_range(start: torch.Tensor, end: torch.Tensor, num_keys: int) -> tuple[int, int]:

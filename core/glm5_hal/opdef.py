@@ -3,7 +3,7 @@ and the code every call runs.
 
 `define(reference, args=..., fake=...)` is the whole definition of an op. The name,
 parameters, defaults and torch schema come from the reference's annotated signature
-(`torch.library.infer_schema`; an FP8 key pair becomes two schema arguments); the contract
+(`torch.library.infer_schema`; an `Fp8Pair` argument becomes two schema arguments); the contract
 (glm5_hal.contract) is compiled into the public function, so a call runs, inline:
 
 1. under a PyTorch transform (dynamo, a torch dispatch or function mode such as make_fx's or
@@ -11,7 +11,9 @@ parameters, defaults and torch schema come from the reference's annotated signat
    torch.jit.trace; a tensor subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
    kernel is steps 2-3 and whose fake checks the inputs too (under torch.func's grad / jvp a
    differentiable op applies its autograd.Function, which functorch can take; under
-   functionalize an in-place op writes copies, see `_functionalized`);
+   functionalize an in-place op writes copies, see `_functionalized`). The custom op called
+   directly is differentiable under the same transforms: its Autograd kernel
+   (`_autograd_kernel`) applies that Function at the functorch level being differentiated;
 2. the metadata checks (raising InvalidInputError), which also yield the decision key
    (device, dtype of the first tensor argument, pinned backend, FP8-pair flags). They are a
    pure function of what glm5_hal._C.call_key reads (each tensor's dtype, device, sizes and the
@@ -158,9 +160,9 @@ class Decision:
 class Dispatcher(Protocol):
     """What ops need from the registry (installed with `set_dispatcher`)."""
 
-    def decide(self, op: "Op", key: tuple) -> Decision: ...
+    def decide(self, op: "Op", decision_key: tuple) -> Decision: ...
 
-    def fallback(self, op: "Op", key: tuple, decision: Decision,
+    def fallback(self, op: "Op", decision_key: tuple, decision: Decision,
                  rejections: list[tuple[Backend, str]]) -> None: ...
 
 
@@ -183,7 +185,7 @@ class Explanation:
     """What dispatch would do for one call (`glm5_hal.explain`)."""
     op: str
     args: str
-    key: tuple
+    key: tuple                          # the decision key
     chosen: str | None
     rejected: tuple[tuple[str, str], ...]
     fallback: bool
@@ -414,15 +416,15 @@ class Op:
         hit = None if call_key is None else self._passed_out.get(call_key)
         if hit is None:
             # the checks in full (and the transforms, under which call_key gives no key)
-            key = self.check_out(*args, out)
+            decision_key = self.check_out(*args, out)
             self._refuse_autograd(out, args)
             if _transformed(out, *args):
                 return self._into(out, self.via_torch(*args))
-            key = (key[0], key[1], _PIN.get(), *key[2:])
-            hit = self._remember_out(call_key, key, out, args)
+            decision_key = (decision_key[0], decision_key[1], _PIN.get(), *decision_key[2:])
+            hit = self._remember_out(call_key, decision_key, out, args)
         elif hit[1] and torch.is_grad_enabled():
             self._refuse_autograd(out, args)
-        key, _, impl, check_values = hit
+        decision_key, _, impl, check_values = hit
         # addresses and inference mode change from call to call: never remembered
         if out.is_inference() and not _inference_mode():
             raise InvalidInputError(self.name, "out", "a normal tensor, or an inference tensor inside "
@@ -430,10 +432,10 @@ class Op:
                                     "tensors outside it)", "an inference tensor outside inference mode")
         _refuse_overlap(self, out, args)
         if impl is None:   # the slow path: per-call predicates, fallback accounting
-            decision = self.decision(key)
+            decision = self.decision(decision_key)
             impl, rejections = select(decision, args)
             if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
-                dispatcher().fallback(self, key, decision, rejections)
+                dispatcher().fallback(self, decision_key, decision, rejections)
             if decision.check_values is not None and not impl.validates_values:
                 check_values = decision.check_values
         if check_values is not None:
@@ -446,7 +448,7 @@ class Op:
         _increment_version((out,))
         return (out, *result[1:]) if isinstance(result, tuple) else out
 
-    def _remember_out(self, call_key: tuple | None, key: tuple, out: torch.Tensor, args: tuple) -> tuple:
+    def _remember_out(self, call_key: tuple | None, decision_key: tuple, out: torch.Tensor, args: tuple) -> tuple:
         """What a call with an out= buffer that passed the checks needs again, kept under its
         call key (the inputs' and the buffer's metadata, requires_grad flags included):
         (decision key, whether a tensor requires grad, the implementation when one serves
@@ -455,7 +457,7 @@ class Op:
                           for t in (a if isinstance(a, (tuple, list)) else (a,)) if isinstance(t, torch.Tensor))
         impl = check_values = None
         try:
-            decision = self.decision(key)
+            decision = self.decision(decision_key)
         except HalError:
             decision = None   # the slow path raises it, in its place
         if decision is not None and not decision.static_rejections:
@@ -465,7 +467,7 @@ class Op:
                 impl = first
                 if decision.check_values is not None and not first.validates_values:
                     check_values = decision.check_values
-        hit = (key, tracks_grad, impl, check_values)
+        hit = (decision_key, tracks_grad, impl, check_values)
         if call_key is not None and not _torch_function_mode():
             if len(self._passed_out) >= _PASSED_LIMIT:
                 self._passed_out.clear()
@@ -500,32 +502,32 @@ class Op:
                                             "call under torch.no_grad() or without out=)",
                                             f"a buffer, with {p!r} requiring grad")
 
-    def _remember(self, call_key: tuple | None, key: tuple, needs_grad: bool, args: tuple) -> tuple:
+    def _remember(self, call_key: tuple | None, decision_key: tuple, needs_grad: bool, args: tuple) -> tuple:
         """The hit for a call that passed the check: (decision key, whether it needs
         autograd, the implementation serving every call with this call key or None), kept for
         calls with the same call key. Bounded: shapes that change every call (a growing
         context) start it over rather than grow it."""
         if call_key is None or _torch_function_mode():
-            # no key; or, under a torch function mode, the check read what the mode answered
-            # for the tensors, which the key (read from the tensors themselves) need not match
-            return key, needs_grad, None
-        hit = (key, needs_grad, self._implementation_for(key, args))
+            # no call key; or, under a torch function mode, the check read what the mode answered
+            # for the tensors, which the call key (read from the tensors themselves) need not match
+            return decision_key, needs_grad, None
+        hit = (decision_key, needs_grad, self._implementation_for(decision_key, args))
         if len(self._passed) >= _PASSED_LIMIT:
             self._passed.clear()
         self._passed[call_key] = hit
         return hit
 
-    def _implementation_for(self, key: tuple, args: tuple) -> Callable | None:
+    def _implementation_for(self, decision_key: tuple, args: tuple) -> Callable | None:
         """The function every call with these arguments' call key gets, if that needs nothing
         per call: the first candidate whose metadata-only predicate (`supports_metadata`,
         a function of what the call key holds) accepts, with the op's value checks in front
         where they run. None where a call needs more: a per-call `supports` predicate on the
         way, or a rejection (fallback accounting and warnings count calls)."""
         try:
-            decision = self.decision(key)
+            decision = self.decision(decision_key)
         except HalError:
             return None   # the slow path raises it, in its place
-        direct = self._direct.get(key)
+        direct = self._direct.get(decision_key)
         if direct is not None:
             return direct
         if decision.static_rejections:
@@ -537,7 +539,7 @@ class Op:
                 return None
             fn = impl.fn
             if decision.check_values is not None and not impl.validates_values:
-                fn = _values_checked(decision.check_values, fn)
+                fn = _values_checked(decision.check_values, fn, self.params)
             return fn
         return None
 
@@ -549,7 +551,7 @@ class Op:
         return f"{p}.requires_grad"
 
     def torch_params(self) -> list[str]:
-        """The torch schema's parameter names (an FP8 key pair is two)."""
+        """The torch schema's parameter names (an `Fp8Pair` argument is two)."""
         out = []
         for p in self.params:
             out.append(p)
@@ -613,34 +615,34 @@ class Op:
             torch.library.register_vmap(qualname, _looped_vmap(self, written), lib=_LIBRARY)
             self._functionalized = _functionalized(self, written)
         if self.differentiable:
-            backward, setup_context, *jvp = autograd or _reference_vjp(self)
-            torch.library.register_autograd(qualname, backward, setup_context=setup_context,
-                                            lib=_LIBRARY)
-            self._function = _autograd_function(self, backward, setup_context, *jvp)
+            backward, setup_context, *forward_rule = autograd or _reference_vjp(self)
+            jvp = forward_rule[0] if forward_rule and forward_rule[0] else _reference_jvp(self)
+            self._function = _autograd_function(self, backward, setup_context, jvp)
+            _LIBRARY.impl(self.name, _autograd_kernel(self, self._function, jvp), "Autograd")
 
     # -- dispatch ------------------------------------------------------------------------------
-    def slow(self, key: tuple, args: tuple) -> Any:
-        decision = self.decision(key)
+    def slow(self, decision_key: tuple, args: tuple) -> Any:
+        decision = self.decision(decision_key)
         impl, rejections = select(decision, args)
         if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
-            dispatcher().fallback(self, key, decision, rejections)
+            dispatcher().fallback(self, decision_key, decision, rejections)
         if decision.check_values is not None and not impl.validates_values:
             decision.check_values(*args)
         return impl.fn(*args)
 
-    def decision(self, key: tuple) -> Decision:
-        decision = self._decisions.get(key)
+    def decision(self, decision_key: tuple) -> Decision:
+        decision = self._decisions.get(decision_key)
         if decision is None:
-            decision = dispatcher().decide(self, key)
+            decision = dispatcher().decide(self, decision_key)
             first = decision.candidates[0]
             falls_back = (first.backend.name == REFERENCE and decision.vendor_available
                           and bool(decision.static_rejections))
             if first.supports is None and first.supports_metadata is None and not falls_back:
                 fn = first.fn
                 if decision.check_values is not None and not first.validates_values:
-                    fn = _values_checked(decision.check_values, fn)
-                self._direct[key] = fn
-            self._decisions[key] = decision
+                    fn = _values_checked(decision.check_values, fn, self.params)
+                self._direct[decision_key] = fn
+            self._decisions[decision_key] = decision
         return decision
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
@@ -770,18 +772,20 @@ def _with_default(p: inspect.Parameter) -> str:
     return p.name if p.default is inspect.Parameter.empty else f"{p.name}=_default_{p.name}"
 
 
-def _values_checked(check_values: Callable[..., None], fn: Callable) -> Callable:
-    def checked(*args: Any) -> Any:
-        check_values(*args)
-        return fn(*args)
-    return checked
+def _values_checked(check_values: Callable[..., None], fn: Callable, params: Sequence[str]) -> Callable:
+    """`fn` with the op's value checks in front, taking the op's parameters by name (no
+    *args tuple on a path every call takes)."""
+    names = ", ".join(params)
+    ns: dict[str, Any] = {"_check_values": check_values, "_fn": fn}
+    exec(f"def checked({names}):\n    _check_values({names})\n    return _fn({names})\n", ns)
+    return ns["checked"]
 
 
 def _infer_schema(name: str, reference: Callable, signature: inspect.Signature,
                   pairs: Sequence[str], mutates: Sequence[str]) -> str:
     """The torch schema of `reference`'s signature, without defaults (torch drops trailing
     arguments equal to their default before calling the kernel, so the kernel would see a
-    short argument list) and with each FP8 key pair split into `<arg>, <arg>_scale`."""
+    short argument list) and with each `Fp8Pair` argument split into `<arg>, <arg>_scale`."""
     hints = typing.get_type_hints(reference)
     params = []
     for p in signature.parameters.values():
@@ -808,13 +812,14 @@ def _stub(signature: inspect.Signature) -> Callable:
 
 def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
                        jvp: Callable | None = None) -> type[torch.autograd.Function]:
-    """The op's autograd.Function for functorch (torch.func.grad, vjp, jvp, and vmap over
-    them) and forward-mode AD: `Op.via_torch` applies it there, above torch's dispatcher.
-    torch.library.register_autograd's kernel serves plain autograd, torch.compile and export,
-    but its generated Function lacks setup_context and jvp, which functorch needs. Backward and
-    setup_context are the op's (`autograd`), the forward-mode rule is `jvp(inputs, tangents)`
-    when given, else the reference's; the vmap rule is generated from the forward (the batched
-    custom op)."""
+    """The op's autograd.Function: `Op.via_torch` applies it above torch's dispatcher under
+    functorch (torch.func.grad, vjp, jvp, and vmap over them) and forward-mode AD, and the
+    custom op's Autograd kernel (`_autograd_kernel`) for every other differentiated call
+    (plain autograd, torch.compile, export, torch.ops.glm5_hal.<op> under functorch).
+    torch.library.register_autograd's generated Function would lack setup_context and jvp,
+    which functorch needs. Backward and setup_context are the op's (`autograd`), the
+    forward-mode rule is `jvp(inputs, tangents)` when given, else the reference's; the vmap
+    rule is generated from the forward (the batched custom op)."""
     jvp = jvp or _reference_jvp(op)
 
     class Function(torch.autograd.Function):
@@ -844,6 +849,73 @@ def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
 
     Function.__name__ = Function.__qualname__ = f"{op.name}_autograd"
     return Function
+
+
+#: set while the custom op's Autograd kernel differentiates at one functorch level, where no
+#: functorch transform may start (`_reference_jvp`)
+_AT_ONE_LEVEL: contextvars.ContextVar[bool] = contextvars.ContextVar("glm5_hal_at_one_level", default=False)
+_GRAD, _JVP = _DIFFERENTIATING
+
+
+def _autograd_kernel(op: Op, function: type[torch.autograd.Function], jvp: Callable) -> Callable:
+    """The torch custom op's Autograd kernel, so that `torch.ops.glm5_hal.<op>` itself works
+    under autograd, forward-mode AD and torch.func's grad / vjp / jvp, as the public function
+    does (torch.library.register_autograd generates a Function without setup_context and
+    jvp, which functorch refuses).
+
+    By the time this kernel runs under a functorch grad or jvp level, functorch has unwrapped
+    that level's tensors, and the op differentiates at that one level, as torch's own
+    derivative formulas do: under grad, the op's Function applied directly (its `apply` would
+    hand it to functorch again); under jvp, the op on the primals and the forward-mode rule on
+    the tangents (at forward-AD level 0, functorch's). Outside functorch: the Function when
+    autograd records the call (grad enabled, an input requiring grad) or forward-mode AD is
+    active, else the op below autograd."""
+    from torch._functorch.utils import enable_single_level_autograd_function
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    any_requires_grad = torch._C._any_requires_grad
+    single_level_apply = super(torch.autograd.Function, function).apply
+
+    def autograd(*flat):
+        transform = _innermost_transform()
+        if transform == _GRAD or transform == _JVP:
+            token = _AT_ONE_LEVEL.set(True)
+            try:
+                if transform == _JVP:
+                    return _jvp_at_one_level(op, jvp, flat)
+                with enable_single_level_autograd_function():
+                    return single_level_apply(*flat)
+            finally:
+                _AT_ONE_LEVEL.reset(token)
+        if (torch.is_grad_enabled() and any_requires_grad(*flat)) or _forward_ad._current_level >= 0:
+            return function.apply(*flat)
+        with below_autograd():
+            return op.torch_op(*flat)
+    return autograd
+
+
+def _jvp_at_one_level(op: Op, jvp: Callable, flat: tuple) -> Any:
+    """The op at a functorch jvp level, from inside its Autograd kernel: the op on the primals,
+    each floating-point output dual with its tangent from `jvp(primals, tangents)`."""
+    primals, tangents = [], []
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            a, tangent = _forward_ad.unpack_dual(a, level=0)
+        else:
+            tangent = None
+        primals.append(a)
+        tangents.append(tangent)
+    with torch._C._AutoDispatchBelowAutograd():
+        out = op.torch_op(*primals)
+    tangent_out = jvp(tuple(primals), tuple(tangents))
+    if not isinstance(out, tuple):
+        return _dual(out, tangent_out)
+    return tuple(_dual(o, t) for o, t in zip(out, tangent_out))
+
+
+def _dual(out: torch.Tensor, tangent: torch.Tensor | None) -> torch.Tensor:
+    if tangent is None or not out.is_floating_point():
+        return out
+    return _forward_ad.make_dual(out, tangent, level=0)
 
 
 def _looped_vmap(op: Op, written: list[int]) -> Callable:
@@ -900,7 +972,9 @@ def _reference_jvp(op: Op) -> Callable:
                 args[i] = p
             return op.reference(*op.from_torch(tuple(args)))
         primals, directions = tuple(flat[i] for i in wanted), tuple(tangents[i] for i in wanted)
-        if _functorch_levels():
+        if _AT_ONE_LEVEL.get():   # inside the custom op's Autograd kernel (_autograd_kernel)
+            out, tangent = _jvp_at_level_zero(reference, primals, directions)
+        elif _functorch_levels():
             out, tangent = torch.func.jvp(reference, primals, directions)
         else:   # eager forward-mode AD, which does not nest: the transpose of the VJP
             out, tangent = _jvp_by_double_vjp(reference, primals, directions)
@@ -909,6 +983,17 @@ def _reference_jvp(op: Op) -> Callable:
         # an integer output (indices) is not differentiable: no tangent
         return tuple(t if o.is_floating_point() else None for o, t in zip(out, tangent))
     return jvp
+
+
+def _jvp_at_level_zero(fn: Callable, primals: tuple, directions: tuple) -> tuple[Any, Any]:
+    """fn(*primals) and its Jacobian-vector product along `directions`, by forward-mode AD at
+    level 0, where the custom op's Autograd kernel runs under functorch's jvp."""
+    out = fn(*[_forward_ad.make_dual(p, d, level=0) for p, d in zip(primals, directions)])
+    outs = out if isinstance(out, tuple) else (out,)
+    unpacked = [_forward_ad.unpack_dual(o, level=0) for o in outs]
+    tangent = tuple(torch.zeros_like(p) if t is None and p.is_floating_point() else t for p, t in unpacked)
+    primal = tuple(p for p, _ in unpacked)
+    return (primal, tangent) if isinstance(out, tuple) else (primal[0], tangent[0])
 
 
 def _jvp_by_double_vjp(fn: Callable, primals: tuple, directions: tuple) -> tuple[Any, Any]:

@@ -190,9 +190,9 @@ class Registry:
         return dict(self._fallback_counts)
 
     # -- decisions (opdef.Dispatcher) ----------------------------------------------------
-    def decide(self, op: Op, key: tuple) -> Decision:
+    def decide(self, op: Op, decision_key: tuple) -> Decision:
         loaded = self.loaded()
-        device, dtype, pin = key[0], key[1], key[2]
+        device, dtype, pin = decision_key[0], decision_key[1], decision_key[2]
         device_type = device.type
         if pin is not None:
             considered = [] if pin == REFERENCE else [loaded.backends[pin]]
@@ -220,11 +220,11 @@ class Registry:
             values = op.check_values
         return Decision(tuple(candidates), tuple(rejected), vendor, values, error)
 
-    def fallback(self, op: Op, key: tuple, decision: Decision,
+    def fallback(self, op: Op, decision_key: tuple, decision: Decision,
                  rejections: list[tuple[Backend, str]]) -> None:
         if self.loaded().settings.strict:
             raise UnsupportedOpError(decision.error or _fallback_message(
-                op.name, key[0].type, key[1], rejections))
+                op.name, decision_key[0].type, decision_key[1], rejections))
         for backend, reason in rejections:
             k = (op.name, backend.name, reason)
             self._fallback_counts[k] += 1

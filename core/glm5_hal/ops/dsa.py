@@ -49,15 +49,12 @@ def _check_paging_values(op: str, cache: torch.Tensor, block_table: torch.Tensor
     name existing blocks; entries past the used blocks are padding and never read."""
     shape = cache.shape   # each .shape read builds a torch.Size: once
     num_blocks, block_size = shape[0], shape[1]
-    max_blocks = block_table.shape[1]
-    capacity = max_blocks * block_size
-    b = C.first_outside(context_lens, 0, capacity + 1)
-    if b >= 0:
-        C.fail(op, "context_lens", f"values in [0, {capacity}] (max_blocks {max_blocks} * block_size "
-               f"{block_size})", f"{int(context_lens[b])} for sequence {b}")
-    bad = C.first_bad_block(block_table, context_lens, block_size, num_blocks)
-    if bad is not None:
-        b, j = bad
+    kind, b, j = C.first_bad_paging(block_table, context_lens, block_size, num_blocks)
+    if kind == 1:
+        max_blocks = block_table.shape[1]
+        C.fail(op, "context_lens", f"values in [0, {max_blocks * block_size}] (max_blocks {max_blocks} * "
+               f"block_size {block_size})", f"{int(context_lens[b])} for sequence {b}")
+    if kind == 2:
         C.fail(op, "block_table", f"block ids in [0, {num_blocks}) for the blocks holding "
                f"[0, context_lens[b])", f"{int(block_table[b, j])} at [{b}, {j}] "
                f"(context_lens[{b}] = {int(context_lens[b])})")

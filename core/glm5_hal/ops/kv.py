@@ -20,26 +20,29 @@ CACHE_DTYPES = (*FLOAT, FP8)
 SCALE_FMTS = (None, "ue8m0")
 
 
-def _slot_count(cache: torch.Tensor) -> int:
-    shape = cache.shape   # each .shape read builds a torch.Size: once
-    return shape[0] * shape[1]
-
-
-def _check_slot_values(op: str, slot_mapping: torch.Tensor, num_slots: int) -> None:
-    C.index_range(op, "slot_mapping", slot_mapping, 0, num_slots, allow=(-1,))
+def _check_write_values(op: str, slot_mapping: torch.Tensor, cache: torch.Tensor,
+                        other: torch.Tensor | None = None, other_arg: str = "") -> None:
+    """A cache write's value checks: the second written cache `other` (argument `other_arg`)
+    shares no byte with `cache`, and slot_mapping's slots are in range and distinct."""
+    kind, at = C.first_bad_write(slot_mapping, cache, other)
+    if kind == 3:
+        C.fail(op, other_arg, C.OVERLAP_EXPECTED, "an overlapping view")
+    if kind == 1:
+        shape = cache.shape
+        num_slots = shape[0] * shape[1]
+        C.fail(op, "slot_mapping", f"values in [0, {num_slots}) (or -1)",
+               f"{int(slot_mapping.flatten()[at])} at flat index {at}")
     # Two tokens writing one slot would make the result depend on write order, which
     # backends cannot agree on: rejected rather than left unspecified.
-    repeated = C.smallest_repeat(slot_mapping)
-    if repeated >= 0:
-        C.fail(op, "slot_mapping", "distinct slots (-1 may repeat)", f"slot {repeated} more than once")
+    if kind == 2:
+        C.fail(op, "slot_mapping", "distinct slots (-1 may repeat)", f"slot {at} more than once")
 
 
 kv_cache_write = define(
     ref.kv_cache_write,
     args=dict(cache=Tensor("num_blocks, block_size, D", CACHE_DTYPES, paged=True),
               values=Tensor("T, D", "cache"), slot_mapping=Tensor("T", SLOT_DTYPES)),
-    check_values=lambda cache, values, slot_mapping: _check_slot_values(
-        "kv_cache_write", slot_mapping, _slot_count(cache)),
+    check_values=lambda cache, values, slot_mapping: _check_write_values("kv_cache_write", slot_mapping, cache),
     fake=lambda cache, values, slot_mapping: None,
     mutates=("cache",),
     doc="""Writes token rows into cache slots, in place.
@@ -61,9 +64,8 @@ indexer_k_cache_write = define(
               k_scale=Tensor("num_blocks, block_size", (torch.float32,), paged=True),
               slot_mapping=Tensor("T", SLOT_DTYPES), scale_fmt=Choice(SCALE_FMTS)),
     rules=[Rule("k", "D >= 1", "shape [T, D] with D >= 1")],
-    check_values=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: (
-        C.paged_apart("indexer_k_cache_write", "k_scale", k_cache, k_scale),
-        _check_slot_values("indexer_k_cache_write", slot_mapping, _slot_count(k_cache))),
+    check_values=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: _check_write_values(
+        "indexer_k_cache_write", slot_mapping, k_cache, k_scale, "k_scale"),
     fake=lambda k, k_cache, k_scale, slot_mapping, scale_fmt: None,
     mutates=("k_cache", "k_scale"),
     doc="""FP8-quantizes indexer keys (one scale per row) and writes them into a paged cache.
@@ -86,10 +88,11 @@ def _check_kv_cache_gather_values(cache, block_table, context_lens):
     op = "kv_cache_gather"
     shape = cache.shape
     num_blocks, block_size = shape[0], shape[1]
-    C.index_range(op, "context_lens", context_lens, 0, block_table.shape[1] * block_size + 1)
-    bad = C.first_bad_block(block_table, context_lens, block_size, num_blocks)
-    if bad is not None:
-        b, j = bad
+    kind, b, j = C.first_bad_paging(block_table, context_lens, block_size, num_blocks)
+    if kind == 1:
+        C.fail(op, "context_lens", f"values in [0, {block_table.shape[1] * block_size + 1})",
+               f"{int(context_lens[b])} at flat index {b}")
+    if kind == 2:
         C.fail(op, "block_table", f"block ids in [0, {num_blocks}) for the "
                f"ceil(context_lens / {block_size}) blocks in use",
                f"{int(block_table[b, j])} at [{b}, {j}] (context_lens[{b}] = {int(context_lens[b])})")
