@@ -4,7 +4,9 @@ vendor machine would see it, what dispatch chose, why the backend declined (and 
 predicates' verdict, what dispatch remembers with a call key), and seeded inputs."""
 from __future__ import annotations
 
+import math
 import types
+import warnings
 
 import torch
 
@@ -64,6 +66,26 @@ def remembered(public, *args):
 def same_call_key(public) -> bool:
     """Whether every call of `public` since `remembered` had one call key."""
     return len(public.op._passed) == 1
+
+
+def assert_page_view_write_declined_per_call(shape, values, slots, vendor_calls) -> None:
+    """A vendor kv_cache_write whose predicate reads the cache's contiguity (which the call key
+    does not hold, only whether the cache is paged) is not remembered: it serves a contiguous
+    cache of `shape` (one vendor call, `vendor_calls()` counts them) and declines, per call, a
+    block-strided page view with the same call key, which the reference then writes."""
+    expected = torch.zeros(shape)
+    hal.reference.kv_cache_write(expected, values, slots)
+    write = hal.ops.kv_cache_write
+    cache = torch.zeros(shape)
+    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
+    assert vendor_calls() == 1
+    blocks, rows = shape[0], math.prod(shape[1:])
+    page_view = torch.zeros(blocks, rows + 8)[:, :rows].view(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hal.FallbackWarning)
+        write(page_view, values, slots)
+    assert same_call_key(write) and vendor_calls() == 1
+    assert torch.equal(page_view, expected)
 
 
 def randn(*shape, g, dtype=torch.float32, scale=1.0):

@@ -17,7 +17,7 @@ from glm5_hal.backends.ascend import AscendBackend, chips
 from emulators.ascend import NpuEmulator
 
 from conftest import seeded
-from emulated_helpers import remembered, same_call_key, verdict
+from emulated_helpers import assert_page_view_write_declined_per_call, remembered, verdict
 
 EMU = "ascend_emu"
 
@@ -984,15 +984,5 @@ def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_cache_layo
     assert npu.calls["npu_rms_norm"] == 2
 
     values, slots = randn(3, 16, g=g, dtype=torch.float32), torch.tensor([5, -1, 60], dtype=torch.int64)
-    expected = torch.zeros(4, 16, 16)
-    hal.reference.kv_cache_write(expected, values, slots)
-    write = hal.ops.kv_cache_write
-    cache = torch.zeros(4, 16, 16)
-    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
-    assert npu.calls["npu_scatter_nd_update_"] == 1
-    page_view = torch.zeros(4, 16 * 16 + 8)[:, :16 * 16].view(4, 16, 16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", hal.FallbackWarning)
-        write(page_view, values, slots)
-    assert same_call_key(write) and npu.calls["npu_scatter_nd_update_"] == 1
-    assert torch.equal(page_view, expected)
+    assert_page_view_write_declined_per_call((4, 16, 16), values, slots,
+                                             lambda: npu.calls["npu_scatter_nd_update_"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -19,7 +18,8 @@ from glm5_hal.backends.enflame.runtime import load_ops
 from emulators.enflame import GcuEmulator
 
 from conftest import seeded
-from emulated_helpers import chosen, declined_reason, randn, register_emulated, remembered, same_call_key, verdict
+from emulated_helpers import (assert_page_view_write_declined_per_call, chosen, declined_reason, randn,
+                              register_emulated, remembered, verdict)
 
 EMU = "enflame_emu"
 F32, F16, BF16, I32, I64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
@@ -309,15 +309,5 @@ def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_cache_layo
     assert gcu.runtime.calls["rms_norm"] == 2
 
     values, slots = randn(2, 4, g=g), torch.tensor([0, 5])
-    expected = torch.zeros(3, 2, 4)
-    hal.reference.kv_cache_write(expected, values, slots)
-    write = hal.ops.kv_cache_write
-    cache = torch.zeros(3, 2, 4)
-    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
-    assert gcu.runtime.calls["concat_and_cache_mla"] == 1
-    page_view = torch.zeros(3, 13)[:, :8].view(3, 2, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", hal.FallbackWarning)
-        write(page_view, values, slots)
-    assert same_call_key(write) and gcu.runtime.calls["concat_and_cache_mla"] == 1
-    assert torch.equal(page_view, expected)
+    assert_page_view_write_declined_per_call((3, 2, 4), values, slots,
+                                             lambda: gcu.runtime.calls["concat_and_cache_mla"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from emulators.sparse_decode import SparseDecodeKernelStandIn
 from emulators.kunlun import VLLM_KUNLUN_VERSIONS, KvGatherKernelStandIn, NotEmulatedError, XpuEmulator
 
 from conftest import seeded
-from emulated_helpers import remembered, same_call_key
+from emulated_helpers import assert_page_view_write_declined_per_call, remembered
 
 EMU = "kunlun_emu"
 BF16, F16, F32, FP8, I32 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.int32
@@ -675,15 +674,5 @@ def test_a_metadata_predicate_is_remembered_with_the_call_key_and_the_cache_layo
     assert xpu.calls["xspeedgate_ops.hadamard_transform"] == 2
 
     values, slots = torch.randn(3, 24, generator=seeded(42)), torch.tensor([19, -1, 3], dtype=I32)
-    expected = torch.zeros(4, 5, 24)
-    ref.kv_cache_write(expected, values, slots)
-    write = hal.ops.kv_cache_write
-    cache = torch.zeros(4, 5, 24)
-    assert remembered(write, cache, values, slots) is None and torch.equal(cache, expected)
-    assert xpu.calls["kunlun_ops.reshape_and_cache"] == 1
-    page_view = torch.zeros(4, 5 * 24 + 8)[:, :5 * 24].view(4, 5, 24)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", hal.FallbackWarning)
-        write(page_view, values, slots)
-    assert same_call_key(write) and xpu.calls["kunlun_ops.reshape_and_cache"] == 1
-    assert torch.equal(page_view, expected)
+    assert_page_view_write_declined_per_call((4, 5, 24), values, slots,
+                                             lambda: xpu.calls["kunlun_ops.reshape_and_cache"])

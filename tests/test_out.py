@@ -6,7 +6,6 @@ kernels writes in place of its own output buffers. The ops come from the op tabl
 inputs from one of its conformance cases, so an op that opts in is covered by opting in."""
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -17,10 +16,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import glm5_hal as hal
 import glm5_hal.ops  # noqa: F401  (defines the ops)
 from glm5_hal.backends import cpu as cpu_backend
-from glm5_hal.conformance.case import RESULT, View
-from glm5_hal.conformance.cases import cases
 from glm5_hal.errors import InvalidInputError
 from glm5_hal.opdef import OPS
+from op_table_cases import tiny_case, tiny_inputs
 
 BACKENDS = ["reference", "cpu"]
 OUT_OPS = [name for name, op in OPS.items() if op.out is not None]
@@ -38,25 +36,12 @@ def test_the_ops_fed_from_a_workspace_take_out():
                        "w4a16_gemm", "fp8_block_gemm", "fp8_grouped_gemm", "int8_gemm", "int8_grouped_gemm"]
 
 
-@functools.cache
 def _case(name: str):
-    """The op's largest tiny RESULT case within MAX_ELEMENTS, float32 where it has one."""
-    usable = []
-    for case in cases(name, "tiny"):
-        if case.outcome != RESULT:
-            continue
-        args = case.inputs(torch.Generator().manual_seed(case.seed))
-        if any(isinstance(a, View) for a in args):
-            continue
-        numel = sum(t.numel() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
-        if numel <= MAX_ELEMENTS:
-            usable.append((case.dtype == torch.float32, numel, case.id, case))
-    return max(usable)[-1] if usable else None
+    return tiny_case(name, MAX_ELEMENTS)
 
 
 def inputs(name: str) -> tuple:
-    case = _case(name)
-    return case.inputs(torch.Generator().manual_seed(case.seed))
+    return tiny_inputs(name, MAX_ELEMENTS)
 
 
 def first(result):

@@ -25,9 +25,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import glm5_hal as hal
 import glm5_hal.ops  # noqa: F401  (defines the ops)
-from glm5_hal.conformance.case import RESULT, View
-from glm5_hal.conformance.cases import cases
 from glm5_hal.opdef import OPS
+from op_table_cases import tiny_case, tiny_inputs
 
 BACKENDS = ["reference", "cpu"]
 OP_NAMES = list(OPS)
@@ -36,27 +35,12 @@ DIFFERENTIABLE = [name for name, op in OPS.items() if op.differentiable]
 MAX_ELEMENTS = 6000
 
 
-def _numel(args) -> int:
-    return sum(t.numel() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
-
-
-@functools.cache
 def _case(name: str):
-    """The op's largest tiny RESULT case within MAX_ELEMENTS, float32 where it has one."""
-    usable = []
-    for case in cases(name, "tiny"):
-        if case.outcome != RESULT:
-            continue
-        args = case.inputs(torch.Generator().manual_seed(case.seed))
-        if any(isinstance(a, View) for a in args) or _numel(args) > MAX_ELEMENTS:
-            continue
-        usable.append((case.dtype == torch.float32, _numel(args), case.id, case))
-    return max(usable)[-1] if usable else None
+    return tiny_case(name, MAX_ELEMENTS)
 
 
 def inputs(name: str) -> tuple:
-    case = _case(name)
-    return case.inputs(torch.Generator().manual_seed(case.seed))
+    return tiny_inputs(name, MAX_ELEMENTS)
 
 
 #: how a test calls an op: its public function (glm5_hal.ops.<op>), or its torch custom op
