@@ -2,8 +2,9 @@
 // themselves: glm5_hal.checks calls each once per check, and the tensor is read here
 // (bindings_tensors.h: host_tensor) instead of through five Python attribute reads per tensor.
 // Each returns None when its tensors are not what the native scan reads (not contiguous int32
-// or int64 CPU tensors of the expected ranks, bounds beyond int64): glm5_hal.checks then runs
-// the torch formulation, which is also the one for other devices.
+// or int64 CPU tensors of the expected ranks, bounds beyond int64; pages_apart and
+// first_bad_write read the caches' layouts, sizes and addresses only, on any device):
+// glm5_hal.checks then runs the torch formulation, which is also the one for other devices.
 #include <Python.h>
 
 #include <cstdint>
@@ -93,7 +94,7 @@ PyObject* first_bad_paging(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!host_reading() || !host_tensor(args[0], table) || !host_tensor(args[1], lens) || table.int_bytes != 4 ||
       lens.int_bytes != 4 || table.ndim != 2 || lens.ndim != 1 || lens.sizes[0] != table.sizes[0] ||
       !int_arg(args[2], block_size) || !int_arg(args[3], num_blocks) || block_size < 1 ||
-      table.sizes[1] > INT64_MAX / block_size)
+      table.sizes[1] > (INT64_MAX - 1) / block_size)
     Py_RETURN_NONE;
   const int64_t batch = table.sizes[0], max_blocks = table.sizes[1];
   const auto* context_lens = static_cast<const int32_t*>(lens.data);
@@ -161,7 +162,8 @@ PyObject* first_bad_write(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const bool has_other = args[2] != Py_None;
   if (!host_reading() || !glm5_bindings::tensor_layout(args[1], cache) || cache.ndim < 2 ||
       (has_other && (!glm5_bindings::tensor_layout(args[2], other) || other.ndim < 1)) ||
-      !host_tensor(args[0], slots) || !slots.int_bytes)
+      !host_tensor(args[0], slots) || !slots.int_bytes ||
+      (cache.sizes[1] != 0 && cache.sizes[0] > INT64_MAX / cache.sizes[1]))   // num_slots below
     Py_RETURN_NONE;
   if (has_other && !layouts_apart(cache, other)) return Py_BuildValue("(iL)", 3, -1LL);
   return slot_verdict(slots, cache.sizes[0] * cache.sizes[1]);
@@ -169,7 +171,7 @@ PyObject* first_bad_write(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // first_bad_slot(slot_mapping, num_slots) -> (kind, i): (1, flat index) for the first slot
 // outside [0, num_slots) other than -1, else (2, slot) for the smallest slot given twice, else
-// (0, -1): kv_cache_write's whole value check in one read. None as first_outside.
+// (0, -1), in one read of the slots (first_bad_write adds the caches). None as first_outside.
 PyObject* first_bad_slot(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arity("first_bad_slot", nargs, 2)) return nullptr;
   HostData t;

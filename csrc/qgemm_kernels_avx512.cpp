@@ -229,7 +229,7 @@ GLM5_T512BF16 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t m, cons
       const int64_t pf_first = std::min(t, next_rows);
       const int64_t pf_end = t + 1 < row_tiles ? std::min(t + 1, next_rows) : next_rows;
       kDotTiles[mr - 1][nr - 1](x + i0 * ldx, ldx, w + j0 * ldw, ldw, k, c + i0 * ldc + j0, ldc,
-                                w + (next + pf_first) * ldw, pf_end - pf_first);
+                                pf_end > pf_first ? w + (next + pf_first) * ldw : nullptr, pf_end - pf_first);
     }
   }
 }

@@ -192,6 +192,10 @@ def test_results_do_not_depend_on_the_thread_count():
     a, a_scale, w, w_scale = fp8_operands(gen("threads"), 70, 300, 384)
     x = torch.randint(-128, 128, (70, 300), generator=gen("threads-x"), dtype=I8)
     wi = torch.randint(-128, 128, (600, 300), generator=gen("threads-w"), dtype=I8)
+    # bf16 grouped_gemm: work items of (expert, weight-row block), sized by the thread count
+    xb = torch.randn(70, 300, generator=gen("threads-xb")).bfloat16()
+    wb = torch.randn(3, 500, 300, generator=gen("threads-wb")).bfloat16()
+    counts = torch.tensor([30, 0, 40], dtype=I32)
     threads = torch.get_num_threads()
     try:
         results = []
@@ -199,11 +203,12 @@ def test_results_do_not_depend_on_the_thread_count():
             torch.set_num_threads(n)
             results.append((hal.ops.fp8_block_gemm(a, a_scale, w, w_scale, torch.float32),
                             hal.ops.int8_gemm(x, torch.rand(70, generator=gen("s")), wi, torch.ones(600),
-                                              torch.bfloat16, None)))
+                                              torch.bfloat16, None),
+                            hal.ops.grouped_gemm(xb, wb, counts)))
     finally:
         torch.set_num_threads(threads)
     for r in results[1:]:
-        assert torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1])
+        assert all(torch.equal(got, first) for got, first in zip(r, results[0]))
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)

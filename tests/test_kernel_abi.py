@@ -1,5 +1,5 @@
 """The C interface the vendor kernel libraries share (core/glm5_hal/include/glm5_hal_kernel_abi.h)
-and its Python mirror (glm5_hal.kernel_library): what a C compiler lays out is what ctypes
+and its Python mirror (glm5_hal.kernel_library, glm5_hal.vendor_ops.dsa): what a C compiler lays out is what ctypes
 passes, and every implementation of the paged decode kernel refuses exactly the sizes its
 Python limits decline."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ tensors (tests/no_sync.py), makes zero host reads per call.
 The emulators play the device (`device_runtime`), and so do stand-ins of the backends' own
 kernel libraries, which are not built here: the CUDA-dialect library (musa, dcu, iluvatar) is replaced
 whole, so its launchers are not under test here; the cambricon / kunlun decode kernel keeps
-glm5_hal's own launcher (glm5_hal.kernel_library) and only its C entry point is device code.
+glm5_hal's own launcher (glm5_hal.vendor_ops.dsa) and only its C entry point is device code.
 Each call is made once before it is watched: one-time work (the dcu backend's torch._grouped_mm
 self-check, cambricon's rope frequency constants) is outside the steady state.
 

@@ -2,7 +2,7 @@
 library one GPU toolchain built from src/*.cu, and launchers that turn tensors into the raw
 pointers, sizes and stream of the C ABI (include/glm5_hal_gpu.h; the sparse MLA decode
 kernel's entry point and launcher are the ones every kernel library shares, in
-glm5_hal.kernel_library).
+glm5_hal.vendor_ops.dsa).
 
 Used by the cuda backend (libglm5_hal_cuda_kernels.so, built by nvcc), the musa backend
 (libglm5_hal_musa_kernels.so, built by mcc) and the dcu backend (libglm5_hal_dcu_kernels.so,

@@ -4,7 +4,7 @@ GpuKernelLibrary) and `stream(device) -> int` (its framework's current raw strea
 
 The `Adapter` records below go into a backend's ADAPTERS table as they are (the kernel-only
 ops); the sparse MLA helpers are building blocks a backend combines with its vendor library
-(the musa backend tries MUSA FlashMLA first). Every `supports()` declines with the library's
+(the musa backend tries MUSA FlashMLA first). Every adapter's predicate declines with the library's
 reason ("MUSA kernel not built (...)") when the kernels are absent, so dispatch moves on.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which 
 AscendBackend instance binds to itself; it reaches the vendor through `backend.runtime` (the
 real `torch_npu`, or an emulator in tests), so several instances coexist. Inputs arrive
 validated by glm5_hal.ops; an adapter converts layouts and index conventions, calls the
-vendor op and returns exactly the canonical outputs. Each `supports()` checks the vendor's
+vendor op and returns exactly the canonical outputs. Each adapter's predicate checks the vendor's
 documented per-call constraints -- and the versioned behaviours of versions.py -- and returns
 a reason when the call falls outside them, so dispatch moves on instead of the vendor op
 failing on the device.

@@ -5,7 +5,7 @@ Cambricon's Neuware toolchain is found (NEUWARE_HOME, cncc, find_package(BANG)).
 is loaded lazily with ctypes; when it is absent the adapters that need it decline with
 "cambricon kernel not built", so dispatch moves on. Its one entry point is the paged sparse
 MLA decode kernel of glm5_hal_kernel_abi.h (the interface, launcher and adapter every kernel
-library with that kernel shares: glm5_hal.kernel_library); `queue` is a cnrtQueue_t.
+library with that kernel shares: glm5_hal.vendor_ops.dsa); `queue` is a cnrtQueue_t.
 """
 from __future__ import annotations
 

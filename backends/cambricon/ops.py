@@ -7,7 +7,7 @@ CambriconBackend instance binds to itself; it reaches the vendor through
 instances coexist. Inputs arrive validated by glm5_hal.ops; an adapter converts layouts and
 index conventions (tmo's paged caches are [blocks, heads, block_size, dim]; the contract's
 are [blocks, block_size, dim], i.e. one head), calls the vendor op and returns exactly the
-canonical outputs. Each `supports()` checks the documented per-call constraints of the tmo
+canonical outputs. Each adapter's predicate checks the documented per-call constraints of the tmo
 op and returns a reason when a call falls outside them, so dispatch moves on instead of the
 vendor op failing on the device. Semantics follow the torch_mlu_ops 1.12.1 docstrings
 ("Math:" sections; chips.TMO_API: any other torch_mlu_ops version declines every tmo adapter),

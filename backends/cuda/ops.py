@@ -6,7 +6,7 @@ Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which 
 CudaBackend instance binds to itself; it reaches the vendor through `backend.runtime`
 (CudaRuntime over the real modules, or the emulator in tests), so several instances coexist.
 Inputs arrive validated by glm5_hal.ops; an adapter converts layouts and index conventions,
-calls the library and returns exactly the canonical outputs. Each `supports()` checks the
+calls the library and returns exactly the canonical outputs. Each adapter's predicate checks the
 library's per-call constraints (device generation, dtype, shapes, installed and verified
 versions) and returns a reason when the call falls outside them, so dispatch moves on.
 

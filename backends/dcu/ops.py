@@ -5,7 +5,7 @@ Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which 
 DcuBackend instance binds to itself; it reaches the vendor through `backend.runtime`
 (DcuRuntime over the real modules, or the emulator in tests), so several instances coexist.
 Inputs arrive validated by glm5_hal.ops; an adapter converts layouts and index conventions,
-calls the vendor function and returns exactly the canonical outputs. Each `supports()`
+calls the vendor function and returns exactly the canonical outputs. Each adapter's predicate
 returns a reason when the call is outside what the vendor function takes (dtype, a missing
 package, kernels not built), so dispatch moves on.
 

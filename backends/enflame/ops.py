@@ -5,7 +5,7 @@ Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which 
 EnflameBackend instance binds to itself; it reaches the vendor through `backend.runtime`
 (GcuRuntime over the real modules, or the emulator in tests). Inputs arrive validated by
 glm5_hal.ops; an adapter converts layouts, calls the vendor op and returns exactly the
-canonical outputs. Each `supports()` returns a reason when the call is outside what the
+canonical outputs. Each adapter's predicate returns a reason when the call is outside what the
 vendor op takes (dtype, vllm-gcu missing, a vllm-gcu version outside the one read), so
 dispatch moves on. No adapter reads device data on the host. README.md has the table.
 """

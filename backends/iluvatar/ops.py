@@ -6,7 +6,7 @@ Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which 
 IluvatarBackend instance binds to itself; it reaches the vendor through `backend.runtime`
 (IluvatarRuntime over the real modules, or the emulator in tests). Inputs arrive validated by
 glm5_hal.ops; an adapter converts layouts and index conventions, calls the vendor function
-and returns exactly the canonical outputs. Each `supports()` returns a reason when the call
+and returns exactly the canonical outputs. Each adapter's predicate returns a reason when the call
 is outside what the vendor function takes (dtype, a missing package, an unverified version,
 kernels not built), so dispatch moves on. No adapter reads device data on the host.
 

@@ -4,7 +4,7 @@ CMake builds them into `libglm5_hal_kunlun_kernels.so` next to this module, only
 XTDK toolchain is found (XTDK_PATH). The library is loaded lazily with ctypes; when it is
 absent the adapters that need it decline with "kunlun kernel not built", so dispatch moves
 on. It exports the paged sparse MLA decode kernel of glm5_hal_kernel_abi.h (the interface,
-launcher and adapter every kernel library with that kernel shares: glm5_hal.kernel_library)
+launcher and adapter every kernel library with that kernel shares: glm5_hal.vendor_ops.dsa)
 and kv_cache_gather (csrc/glm5_hal_kunlun.h). The stream is the XPU stream, under
 xpytorch's CUDA-compatible mode the `cuda_stream` handle of torch.cuda's current stream.
 """

@@ -9,7 +9,7 @@ validated by glm5_hal.ops; an adapter converts layouts (Kunlun's paged caches ar
 heads, block_size, dim]; the contract's have one head) and index conventions
 (moe_pre_sorted's slot -> row map), calls the vendor op exactly as vLLM-Kunlun calls it
 (keyword names, argument dtypes, the empty block_statistic, float32 router logits) and returns
-exactly the canonical outputs. Each `supports()` checks the vendor's per-call limits and the
+exactly the canonical outputs. Each adapter's predicate checks the vendor's per-call limits and the
 installed vLLM-Kunlun version (chips.BEHAVIOURS), declining with a reason where the public
 sources stop. No adapter reads device data on the host except where the op's output size is
 the data (moe_permute's row count, kv_cache_gather's total length: one scalar each).

@@ -5,7 +5,7 @@ Each adapter is `fn(backend, <the op's parameters>)`, listed in ADAPTERS, which 
 MusaBackend instance binds to itself; it reaches the vendor through `backend.runtime`
 (MusaRuntime over the real modules, or the emulator in tests), so several instances coexist.
 Inputs arrive validated by glm5_hal.ops; an adapter converts layouts and index conventions,
-calls the vendor function and returns exactly the canonical outputs. Each `supports()`
+calls the vendor function and returns exactly the canonical outputs. Each adapter's predicate
 checks the vendor's per-call constraints (chip generation, dtype, shapes, muDNN version,
 whether mate / the kernels exist, whether the installed vendor version is one the behaviour
 was read from: arch.BEHAVIOURS) and returns a reason when the call falls outside them, so

@@ -80,18 +80,12 @@ def is_paged(t: torch.Tensor) -> bool:
     return len(shape) >= 1 and (shape[0] <= 1 or extent == 0 or strides[0] >= extent)
 
 
-def paged_apart(op: str, arg: str, a: torch.Tensor, b: torch.Tensor) -> None:
-    """Two paged caches one call writes share no byte: their address ranges are apart, or they
-    interleave page by page (one page stride, disjoint spans within a page)."""
-    if not pages_apart(a, b):
-        fail(op, arg, OVERLAP_EXPECTED, "an overlapping view")
-
-
 OVERLAP_EXPECTED = "memory apart from the other cache argument's (or interleaved with it page by page)"
 
 
 def pages_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two paged caches share no byte (`paged_apart`'s test)."""
+    """Whether two paged caches one call writes share no byte: their address ranges are apart,
+    or they interleave page by page (one page stride, disjoint spans within a page)."""
     apart = _native.pages_apart(a, b) if _native is not None else None
     if apart is not None:
         return apart

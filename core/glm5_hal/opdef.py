@@ -9,11 +9,11 @@ parameters, defaults and torch schema come from the reference's annotated signat
 1. under a PyTorch transform (dynamo, a torch dispatch or function mode such as make_fx's or
    FakeTensorMode, a functorch level: vmap, grad, jvp, functionalize; forward-mode AD;
    torch.jit.trace; a tensor subclass), or when autograd needs it, the torch custom op `torch.ops.glm5_hal.<op>`, whose
-   kernel is steps 2-3 and whose fake checks the inputs too (under torch.func's grad / jvp a
-   differentiable op applies its autograd.Function, which functorch can take; under
-   functionalize an in-place op writes copies, see `_functionalized`). The custom op called
-   directly is differentiable under the same transforms: its Autograd kernel
-   (`_autograd_kernel`) applies that Function at the functorch level being differentiated;
+   kernel is steps 2-3 and whose fake checks the inputs too (under functionalize an in-place
+   op writes copies, see `_functionalized`). Under torch.func's grad / jvp and forward-mode AD
+   a differentiable op is differentiated by the custom op's Autograd kernel
+   (`_autograd_kernel`), which applies its autograd.Function at the functorch level being
+   differentiated, whether the call came through the public function or torch.ops directly;
 2. the metadata checks (raising InvalidInputError), which also yield the decision key
    (device, dtype of the first tensor argument, pinned backend, FP8-pair flags). They are a
    pure function of what glm5_hal._C.call_key reads (each tensor's dtype, device, sizes and the
@@ -133,18 +133,13 @@ def _function_mode_stack() -> list:
 
 
 _FUNCTIONALIZE = torch._C._functorch.TransformType.Functionalize
-_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+_GRAD, _JVP = torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp
 
 
 def _innermost_transform() -> Any:
     """The innermost functorch transform's TransformType (None outside functorch)."""
     interpreter = torch._C._functorch.peek_interpreter_stack()
     return None if interpreter is None else interpreter.key()
-
-
-def _differentiating() -> bool:
-    """Whether the innermost functorch transform differentiates (grad, vjp, jvp, ...)."""
-    return _innermost_transform() in _DIFFERENTIATING
 
 
 @dataclasses.dataclass(frozen=True)
@@ -589,11 +584,9 @@ class Op:
         return self.torch_op(*self.to_torch(args))
 
     def via_torch(self, *args: Any) -> Any:
-        """The call through torch's dispatcher (torch.ops.glm5_hal.<op>); under functorch or
-        forward-mode AD a differentiable op applies its autograd.Function instead, above the
-        dispatcher, where functorch can take it."""
-        if self._function is not None and (_forward_ad._current_level >= 0 or _differentiating()):
-            return self._function.apply(*self.to_torch(args))
+        """The call through torch's dispatcher (torch.ops.glm5_hal.<op>), whose Autograd kernel
+        (`_autograd_kernel`) serves functorch's grad / jvp and forward-mode AD; under
+        functionalize an in-place op writes copies (`_functionalized`)."""
         if self._functionalized is not None and _innermost_transform() == _FUNCTIONALIZE:
             return self._functionalized(*self.to_torch(args))
         return self.torch_op(*self.to_torch(args))
@@ -854,7 +847,6 @@ def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
 #: set while the custom op's Autograd kernel differentiates at one functorch level, where no
 #: functorch transform may start (`_reference_jvp`)
 _AT_ONE_LEVEL: contextvars.ContextVar[bool] = contextvars.ContextVar("glm5_hal_at_one_level", default=False)
-_GRAD, _JVP = _DIFFERENTIATING
 
 
 def _autograd_kernel(op: Op, function: type[torch.autograd.Function], jvp: Callable) -> Callable:

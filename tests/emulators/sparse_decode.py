@@ -4,7 +4,7 @@ glm5_hal_kernel_abi.h), so the Python side -- adapter, launcher, argument struct
 to end where nothing compiles the BANG C or XPU kernels.
 
 It takes the place of the C entry point only: the real launcher of
-glm5_hal.kernel_library allocates the outputs, makes the inputs contiguous int32 / dtype
+glm5_hal.vendor_ops.dsa allocates the outputs, makes the inputs contiguous int32 / dtype
 tensors and packs the glm5_hal_sparse_mla_decode_args struct; `launch()` here then reads the
 tensors back from the struct's addresses (host memory in tests), computes the contract in
 plain torch (not glm5_hal.reference) and writes out and lse where the kernel would.

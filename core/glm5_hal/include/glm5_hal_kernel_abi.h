@@ -3,9 +3,10 @@
 //   the CUDA-dialect kernels    backends/_cuda_dialect/src/sparse_mla_decode.cu (nvcc, mcc, hipcc)
 //   the cambricon BANG C kernel backends/cambricon/csrc/sparse_mla_decode.mlu  (cncc)
 //   the kunlun XPU C++ kernel   backends/kunlun/csrc/paged_kernels.xpu         (XTDK clang++)
-// Each is a separate shared library loaded with ctypes; glm5_hal/kernel_library.py mirrors
-// this header (tests/test_kernel_abi.py compares the mirror with what a C compiler lays out),
-// and one launcher and one adapter serve all three.
+// Each is a separate shared library loaded with ctypes; glm5_hal/kernel_library.py (dtype and
+// status codes) and glm5_hal/vendor_ops/dsa.py (the decode arguments) mirror this header
+// (tests/test_kernel_abi.py compares the mirror with what a C compiler lays out), and one
+// launcher and one adapter (glm5_hal.vendor_ops.dsa) serve all three.
 //
 // Pointers are device addresses of contiguous tensors; `stream` is the vendor runtime's raw
 // stream or queue handle (cudaStream_t, musaStream_t, hipStream_t, cnrtQueue_t, XPUStream).
@@ -63,7 +64,7 @@ typedef struct glm5_hal_sparse_mla_decode_args {
 // positions j: z_j = sm_scale * q . row_j, out = softmax(z) @ row[:d_v], lse = logsumexp(z)
 // (natural log), accumulated in float32; no valid position gives out 0 and lse -inf.
 // sparse_mla_attention is the case batch = 1, num_blocks = 1, block_size = S.
-// Each implementation states its size limits (glm5_hal.kernel_library.DecodeLimits) and
+// Each implementation states its size limits (glm5_hal.vendor_ops.dsa.DecodeLimits) and
 // returns GLM5_HAL_EINVAL for sizes outside them.
 int glm5_hal_sparse_mla_decode_paged(const glm5_hal_sparse_mla_decode_args* args, void* stream);
 
