@@ -282,7 +282,6 @@ class Op:
         self._out_plan = (plan.upper() + b"C" if out is not None and plan is not None
                           and _call_key is not None else None)
         self._passed_out: dict[tuple, tuple] = {}
-        self._function: type[torch.autograd.Function] | None = None
         self._functionalized: Callable | None = None
         self._register_torch_op(mutates, autograd)
         self.torch_op = getattr(getattr(torch.ops, NAMESPACE), name).default
@@ -388,7 +387,6 @@ class Op:
                             f"    return {key}"])
         ns = dict(c.namespace)
         exec(compile(source, f"<glm5_hal op {self.name} out check>", "exec"), ns)
-        self.out_source = source
         return ns["check_out"]
 
     def call_with_out(self, out: Any, *args: Any) -> Any:
@@ -427,12 +425,7 @@ class Op:
                                     "tensors outside it)", "an inference tensor outside inference mode")
         _refuse_overlap(self, out, args)
         if impl is None:   # the slow path: per-call predicates, fallback accounting
-            decision = self.decision(decision_key)
-            impl, rejections = select(decision, args)
-            if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
-                dispatcher().fallback(self, decision_key, decision, rejections)
-            if decision.check_values is not None and not impl.validates_values:
-                check_values = decision.check_values
+            impl, check_values = self._select(decision_key, args)
         if check_values is not None:
             check_values(*args)
         if not impl.takes_out:
@@ -450,18 +443,7 @@ class Op:
         every call with that key or None, the value checks to run before it or None)."""
         tracks_grad = any(t.requires_grad for a in (out, *args)
                           for t in (a if isinstance(a, (tuple, list)) else (a,)) if isinstance(t, torch.Tensor))
-        impl = check_values = None
-        try:
-            decision = self.decision(decision_key)
-        except HalError:
-            decision = None   # the slow path raises it, in its place
-        if decision is not None and not decision.static_rejections:
-            first = decision.candidates[0]
-            if not first.needs_per_call_check and (first.supports_metadata is None
-                                                   or _verdict(first.supports_metadata, args) is True):
-                impl = first
-                if decision.check_values is not None and not first.validates_values:
-                    check_values = decision.check_values
+        impl, check_values = self._serving_every_call(decision_key, args) or (None, None)
         hit = (decision_key, tracks_grad, impl, check_values)
         if call_key is not None and not _torch_function_mode():
             if len(self._passed_out) >= _PASSED_LIMIT:
@@ -519,24 +501,36 @@ class Op:
         where they run. None where a call needs more: a per-call `supports` predicate on the
         way, or a rejection (fallback accounting and warnings count calls)."""
         try:
-            decision = self.decision(decision_key)
+            self.decision(decision_key)
         except HalError:
             return None   # the slow path raises it, in its place
         direct = self._direct.get(decision_key)
         if direct is not None:
             return direct
+        serving = self._serving_every_call(decision_key, args)
+        if serving is None:
+            return None
+        impl, check_values = serving
+        return impl.fn if check_values is None else _values_checked(check_values, impl.fn, self.params)
+
+    def _serving_every_call(self, decision_key: tuple, args: tuple) -> tuple[Impl, Callable | None] | None:
+        """(implementation, value checks to run before it or None) when one implementation
+        serves every call with these arguments' call key: the first candidate, if it has no
+        per-call `supports` and its metadata-only predicate (`supports_metadata`, a function of
+        what the call key holds) accepts. None where a call needs more (a per-call predicate,
+        a rejection: fallback accounting and warnings count calls) or the decision raises
+        (the slow path raises it, in its place)."""
+        try:
+            decision = self.decision(decision_key)
+        except HalError:
+            return None
         if decision.static_rejections:
             return None
-        for impl in decision.candidates:
-            if impl.needs_per_call_check:
-                return None
-            if impl.supports_metadata is not None and _verdict(impl.supports_metadata, args) is not True:
-                return None
-            fn = impl.fn
-            if decision.check_values is not None and not impl.validates_values:
-                fn = _values_checked(decision.check_values, fn, self.params)
-            return fn
-        return None
+        impl = decision.candidates[0]
+        if impl.needs_per_call_check or (impl.supports_metadata is not None
+                                         and _verdict(impl.supports_metadata, args) is not True):
+            return None
+        return impl, _value_checks_before(decision, impl)
 
     def _requires_grad(self, p: str) -> str:
         if p in self.pairs:
@@ -610,18 +604,24 @@ class Op:
         if self.differentiable:
             backward, setup_context, *forward_rule = autograd or _reference_vjp(self)
             jvp = forward_rule[0] if forward_rule and forward_rule[0] else _reference_jvp(self)
-            self._function = _autograd_function(self, backward, setup_context, jvp)
-            _LIBRARY.impl(self.name, _autograd_kernel(self, self._function, jvp), "Autograd")
+            function = _autograd_function(self, backward, setup_context, jvp)
+            _LIBRARY.impl(self.name, _autograd_kernel(self, function, jvp), "Autograd")
 
     # -- dispatch ------------------------------------------------------------------------------
     def slow(self, decision_key: tuple, args: tuple) -> Any:
+        impl, check_values = self._select(decision_key, args)
+        if check_values is not None:
+            check_values(*args)
+        return impl.fn(*args)
+
+    def _select(self, decision_key: tuple, args: tuple) -> tuple[Impl, Callable | None]:
+        """Per call: the first candidate whose predicates accept (a reference fallback counted)
+        and the value checks to run before it (None if none)."""
         decision = self.decision(decision_key)
         impl, rejections = select(decision, args)
         if impl.backend.name == REFERENCE and decision.vendor_available and rejections:
             dispatcher().fallback(self, decision_key, decision, rejections)
-        if decision.check_values is not None and not impl.validates_values:
-            decision.check_values(*args)
-        return impl.fn(*args)
+        return impl, _value_checks_before(decision, impl)
 
     def decision(self, decision_key: tuple) -> Decision:
         decision = self._decisions.get(decision_key)
@@ -680,6 +680,11 @@ def select(decision: Decision, args: tuple) -> tuple[Impl, list[tuple[Backend, s
             return impl, rejections
         rejections.append((impl.backend, verdict))
     raise AssertionError("the reference implementation is always the last candidate")
+
+
+def _value_checks_before(decision: Decision, impl: Impl) -> Callable[..., None] | None:
+    """The op's value checks where they run before `impl` (it does not validate values)."""
+    return None if decision.check_values is None or impl.validates_values else decision.check_values
 
 
 def _verdict(predicate: Callable, args: tuple) -> "bool | str":
@@ -804,16 +809,15 @@ def _stub(signature: inspect.Signature) -> Callable:
 
 
 def _autograd_function(op: Op, backward: Callable, setup_context: Callable,
-                       jvp: Callable | None = None) -> type[torch.autograd.Function]:
-    """The op's autograd.Function: `Op.via_torch` applies it above torch's dispatcher under
-    functorch (torch.func.grad, vjp, jvp, and vmap over them) and forward-mode AD, and the
-    custom op's Autograd kernel (`_autograd_kernel`) for every other differentiated call
-    (plain autograd, torch.compile, export, torch.ops.glm5_hal.<op> under functorch).
-    torch.library.register_autograd's generated Function would lack setup_context and jvp,
-    which functorch needs. Backward and setup_context are the op's (`autograd`), the
-    forward-mode rule is `jvp(inputs, tangents)` when given, else the reference's; the vmap
-    rule is generated from the forward (the batched custom op)."""
-    jvp = jvp or _reference_jvp(op)
+                       jvp: Callable) -> type[torch.autograd.Function]:
+    """The op's autograd.Function, which the custom op's Autograd kernel (`_autograd_kernel`)
+    applies for every differentiated call (plain autograd, torch.func's grad / vjp / jvp and
+    vmap over them, forward-mode AD, torch.compile, export), whether it came through the
+    public function or torch.ops.glm5_hal.<op>. torch.library.register_autograd's generated
+    Function would lack setup_context and jvp, which functorch needs. Backward and
+    setup_context are the op's (`autograd`, else the reference's vector-Jacobian product),
+    the forward-mode rule `jvp(inputs, tangents)` the op's or the reference's; the vmap rule is
+    generated from the forward (the batched custom op)."""
 
     class Function(torch.autograd.Function):
         generate_vmap_rule = True

@@ -123,7 +123,7 @@ class Glm5HalSparseAttnIndexer(SparseAttnIndexer):
         # vLLM's shared buffer is [max_num_batched_tokens, index_topk] int32 (vllm 0.32,
         # model_executor/models/deepseek_v2.py): a run's rows are one contiguous block, which
         # the op writes in place (out=); a wider buffer takes a copy of each run's result
-        in_place = buffer.shape[1] == topk and buffer.is_contiguous()
+        in_place = buffer.shape[1] == topk and buffer.dtype == torch.int32 and buffer.is_contiguous()
         for run in metadata.runs:
             reqs = slice(run.first, run.first + run.count)
             rows = slice(run.start, run.start + run.tokens)
