@@ -234,6 +234,15 @@ def test_kv_cache_gather_bad_values(lens, table, arg, expected):
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_kv_cache_gather_refuses_blocks_of_no_rows(backend):
+    # position p lives in block p // block_size: a cache of empty blocks has no positions
+    with hal.use(backend):
+        assert_invalid(hal.ops.kv_cache_gather, (torch.zeros(4, 0, 8), torch.zeros(1, 2, dtype=torch.int32),
+                                                 torch.tensor([0], dtype=torch.int32)),
+                       "kv_cache_gather", "cache", "block_size >= 1")
+
+
 # -- the input contract (metadata) --------------------------------------------------------------------
 def i32(*v):
     return torch.tensor(v, dtype=torch.int32)

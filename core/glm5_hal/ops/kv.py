@@ -107,11 +107,13 @@ kv_cache_gather = define(
     ref.kv_cache_gather,
     args=dict(cache=Tensor("num_blocks, block_size, D", CACHE_DTYPES),
               block_table=Tensor("B, max_blocks", INDEX), context_lens=Tensor("B", INDEX)),
+    rules=[Rule("cache", "block_size >= 1", "shape [num_blocks, block_size, D] with block_size >= 1")],
     check_values=_check_kv_cache_gather_values,
     fake=_fake_kv_cache_gather,
     doc="""The logical contents of paged sequences, concatenated in batch order.
 
-    cache:        [num_blocks, block_size, D] bfloat16 | float16 | float32 | float8_e4m3fn
+    cache:        [num_blocks, block_size, D] bfloat16 | float16 | float32 | float8_e4m3fn,
+                  block_size >= 1
     block_table:  [B, max_blocks] int32; position p of sequence b lives in block
                   block_table[b, p // block_size]; entries past the ceil(len / block_size)
                   blocks in use are ignored (e.g. -1 padding)
