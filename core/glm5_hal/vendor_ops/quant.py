@@ -5,8 +5,10 @@ import torch
 
 from ..vendor_backend import host_reads_allowed
 
-#: vLLM's dynamic int8 quant multiplies by 127 / absmax (int8_quant_kernels.cu), which overflows to
-#: inf for a row whose absmax is below 127 / FLT_MAX: every code of it would saturate.
+#: vLLM's dynamic int8 quant multiplies by 127 / absmax (`tmp_scale = 127.0f / block_absmax_val` in
+#: dynamic_scaled_int8_quant_kernel, vllm-project/vllm csrc/quantization/compressed_tensors/
+#: int8_quant_kernels.cu @00b0571e), which overflows to inf for a row whose absmax is below
+#: 127 / FLT_MAX: every code of it would saturate.
 SCALE_OVERFLOW_ABSMAX = 127.0 / torch.finfo(torch.float32).max
 
 
